@@ -1,0 +1,111 @@
+// Package backend defines what a collective backend implements and what it
+// returns: the Backend interface (generated from spec/ops.yaml), per-op
+// option structs, Work and Future, ReduceOp, the error types, capabilities,
+// and the registry that backends join in init(), as database/sql drivers do.
+//
+// Applications do not call backends directly; they use package dispatcher,
+// which validates arguments, numbers ops and routes them by device.
+package backend
+
+import (
+	"context"
+	"time"
+
+	"github.com/gocoll/gocoll/store"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+//go:generate go run ../gen -spec ../spec/ops.yaml -root ..
+
+// Core is the part of Backend that is not an op: identity, capabilities
+// and shutdown. The generated Backend interface embeds it.
+type Core interface {
+	// Name is the registered name, e.g. "nccl".
+	Name() string
+	// Capabilities says which semantics the backend provides.
+	Capabilities() Capabilities
+	// Rank is this process's rank in the backend's group.
+	Rank() int
+	// Size is the number of ranks in the backend's group.
+	Size() int
+	// Close waits for issued ops to finish (bounded by ctx) and releases
+	// resources. Ops after Close fail with ErrClosed.
+	Close(ctx context.Context) error
+	// Abort stops the backend at once, without waiting for peers: pending
+	// works fail with ErrAborted wrapping reason, and later ops fail with an
+	// error that keeps reason.
+	Abort(ctx context.Context, reason error) error
+}
+
+// Coalescer is implemented by backends that can group several ops into one
+// launch with one Work (NCCL's group calls).
+type Coalescer interface {
+	// StartCoalescing opens a block; ops issued until EndCoalescing are
+	// queued, not launched, and return nil Work.
+	StartCoalescing(ctx context.Context) error
+	// EndCoalescing launches the block and returns its single Work.
+	EndCoalescing(ctx context.Context) (Work, error)
+}
+
+// Meta is what the dispatcher tells a backend about one op besides its
+// arguments.
+type Meta struct {
+	Op      Op            // which op
+	Seq     uint64        // the op's number in its counter (collective or p2p)
+	Timeout time.Duration // resolved timeout: the option, or the group default
+}
+
+// Config is what a backend is constructed with.
+type Config struct {
+	// Store is the group's store, already prefixed for this group.
+	Store store.Store
+	// Rank and WorldSize are this process's rank and the size, in the group.
+	Rank, WorldSize int
+	// GlobalRanks maps group ranks to global ranks; nil for the default group.
+	GlobalRanks []int
+	// GroupName is the group's unique id ("0" for the default group).
+	GroupName string
+	// GroupDesc is a human description ("default_pg", "default_pg:split:0").
+	GroupDesc string
+	// Timeout is the default op timeout.
+	Timeout time.Duration
+	// Device, when set, asks for eager initialisation on that device.
+	Device *tensor.Device
+	// Options holds backend-specific options (e.g. *nccl.Options); nil for
+	// defaults.
+	Options any
+	// Parent is the same backend of the parent group, for NewGroup; a
+	// backend may derive its communicator from it (ncclCommSplit).
+	Parent Backend
+}
+
+// Capabilities says what a backend provides. Conformance specs that need a
+// capability are skipped, with the reason, on backends that lack it.
+type Capabilities struct {
+	// Devices the backend accepts tensors on.
+	Devices []tensor.DeviceType
+	// DTypes the backend can move.
+	DTypes []tensor.DType
+	// StreamSemantics: Wait orders the current stream instead of blocking.
+	StreamSemantics bool
+	// Coalescing: the backend implements Coalescer.
+	Coalescing bool
+	// BitwiseReductions: BAND, BOR and BXOR work.
+	BitwiseReductions bool
+	// Timing: Duration works when timing is on.
+	Timing bool
+	// GraphCapture: ops can be captured into CUDA graphs.
+	GraphCapture bool
+	// UnevenSizes: uneven allgather/reduce_scatter output lists work.
+	UnevenSizes bool
+}
+
+// SupportsDType reports whether dt is in c.DTypes.
+func (c Capabilities) SupportsDType(dt tensor.DType) bool {
+	for _, d := range c.DTypes {
+		if d == dt {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,241 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// Work is the handle of an issued op. It is never nil when the op's error is
+// nil. Its methods are safe for concurrent use.
+//
+// The waits differ on purpose, to make explicit what PyTorch's single wait()
+// leaves implicit:
+//
+//   - Wait is PyTorch's wait(). A stream backend makes ctx's current stream
+//     wait on the op's end event, releases the stashed tensors and returns
+//     without blocking the host. A host backend blocks until completion. A
+//     deadline on ctx never changes what Wait does; the op's own timeout
+//     bounds it.
+//   - BlockStream only orders stream s after the op.
+//   - WaitHost blocks the goroutine until the op has finished on the device,
+//     or ctx is done (PyTorch's wait(timeout)).
+type Work interface {
+	// Wait is PyTorch's Work.wait(); see the type's documentation.
+	Wait(ctx context.Context) error
+	// BlockStream makes stream s wait for the op, without blocking the host.
+	// Host backends block until completion instead, since there is no stream
+	// to order.
+	BlockStream(s *cuda.Stream) error
+	// WaitHost blocks until the op has completed or failed, or ctx is done.
+	WaitHost(ctx context.Context) error
+	// IsCompleted reports, without blocking, whether the op has finished
+	// (successfully or not).
+	IsCompleted() bool
+	// IsStarted reports whether the op has started running. It needs timing
+	// to be on for stream backends, and returns an error otherwise.
+	IsStarted() (bool, error)
+	// Exception returns the op's error once it has failed, else nil.
+	Exception() error
+	// Future completes with the op's outputs when the op completes.
+	Future() *Future
+	// SeqNum is the sequence number the dispatcher assigned (collective or
+	// p2p counter, by the op's kind).
+	SeqNum() uint64
+	// Duration is the op's device or worker time. It returns an error when
+	// timing was off when the op was issued, or the op has not completed.
+	Duration() (time.Duration, error)
+	// Abort fails the op with ErrAborted (wrapping reason) if it has not
+	// completed, and aborts what the backend must to unblock it.
+	Abort(reason error)
+}
+
+// ErrNoTiming is returned by Duration and IsStarted when timing was off.
+var ErrNoTiming = errors.New("timing was not enabled when the op was issued")
+
+// Future is a value that completes once: a list of tensors or an error.
+type Future struct {
+	done chan struct{}
+	once sync.Once
+	val  []*tensor.Tensor
+	err  error
+}
+
+// NewFuture returns an incomplete Future.
+func NewFuture() *Future { return &Future{done: make(chan struct{})} }
+
+// Complete sets the result. Only the first call has an effect; it reports
+// whether this call completed the future.
+func (f *Future) Complete(val []*tensor.Tensor, err error) bool {
+	first := false
+	f.once.Do(func() {
+		f.val, f.err = val, err
+		close(f.done)
+		first = true
+	})
+	return first
+}
+
+// Done is closed when the future completes.
+func (f *Future) Done() <-chan struct{} { return f.done }
+
+// IsDone reports whether the future has completed.
+func (f *Future) IsDone() bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Wait blocks until the future completes or ctx is done.
+func (f *Future) Wait(ctx context.Context) ([]*tensor.Tensor, error) {
+	select {
+	case <-f.done:
+		return f.val, f.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("future: %w", ctx.Err())
+	}
+}
+
+// Value returns the result of a completed future, or an error saying it has
+// not completed.
+func (f *Future) Value() ([]*tensor.Tensor, error) {
+	if !f.IsDone() {
+		return nil, errors.New("future: value requested before completion")
+	}
+	return f.val, f.err
+}
+
+// Then returns a future completed with fn's result once f completes. fn runs
+// on its own goroutine and sees f's value and error.
+func (f *Future) Then(fn func([]*tensor.Tensor, error) ([]*tensor.Tensor, error)) *Future {
+	next := NewFuture()
+	go func() {
+		<-f.done
+		next.Complete(fn(f.val, f.err))
+	}()
+	return next
+}
+
+// HostWork is a Work completed by a host goroutine: the work of host
+// backends, and a building block for others. Its Wait blocks the host.
+type HostWork struct {
+	fut     *Future
+	seq     uint64
+	timing  bool
+	started atomic.Bool
+	start   atomic.Int64 // unix ns, set by MarkStarted
+	end     atomic.Int64 // unix ns, set by Complete
+	onAbort func(error)
+}
+
+// NewHostWork returns an incomplete HostWork. With timing, Duration reports
+// the time from MarkStarted to Complete. onAbort, if not nil, runs once when
+// Abort is called on an incomplete work.
+func NewHostWork(seq uint64, timing bool, onAbort func(error)) *HostWork {
+	return &HostWork{fut: NewFuture(), seq: seq, timing: timing, onAbort: onAbort}
+}
+
+// CompletedWork returns a HostWork that has already completed with outputs
+// and err.
+func CompletedWork(seq uint64, outputs []*tensor.Tensor, err error) *HostWork {
+	w := NewHostWork(seq, false, nil)
+	w.MarkStarted()
+	w.Complete(outputs, err)
+	return w
+}
+
+// MarkStarted records that a worker picked the op up.
+func (w *HostWork) MarkStarted() {
+	if w.started.CompareAndSwap(false, true) {
+		w.start.Store(time.Now().UnixNano())
+	}
+}
+
+// Complete finishes the work. Later calls are ignored. It reports whether
+// this call completed the work.
+func (w *HostWork) Complete(outputs []*tensor.Tensor, err error) bool {
+	w.MarkStarted()
+	now := time.Now().UnixNano()
+	if w.fut.Complete(outputs, err) {
+		w.end.Store(now)
+		return true
+	}
+	return false
+}
+
+// Wait implements Work: it blocks until the op completes.
+func (w *HostWork) Wait(ctx context.Context) error {
+	<-w.fut.done
+	return w.fut.err
+}
+
+// BlockStream implements Work: with no stream to order, it blocks the host.
+func (w *HostWork) BlockStream(*cuda.Stream) error { return w.Wait(context.Background()) }
+
+// WaitHost implements Work.
+func (w *HostWork) WaitHost(ctx context.Context) error {
+	select {
+	case <-w.fut.done:
+		return w.fut.err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: waiting for seq %d: %w", ErrTimeout, w.seq, ctx.Err())
+	}
+}
+
+// IsCompleted implements Work.
+func (w *HostWork) IsCompleted() bool { return w.fut.IsDone() }
+
+// IsStarted implements Work. Host works always know when they started.
+func (w *HostWork) IsStarted() (bool, error) { return w.started.Load(), nil }
+
+// Exception implements Work.
+func (w *HostWork) Exception() error {
+	if !w.fut.IsDone() {
+		return nil
+	}
+	return w.fut.err
+}
+
+// Future implements Work.
+func (w *HostWork) Future() *Future { return w.fut }
+
+// SeqNum implements Work.
+func (w *HostWork) SeqNum() uint64 { return w.seq }
+
+// Duration implements Work.
+func (w *HostWork) Duration() (time.Duration, error) {
+	if !w.timing {
+		return 0, ErrNoTiming
+	}
+	if !w.fut.IsDone() {
+		return 0, errors.New("duration requested before the op completed")
+	}
+	return time.Duration(w.end.Load() - w.start.Load()), nil
+}
+
+// Abort implements Work.
+func (w *HostWork) Abort(reason error) {
+	if w.fut.IsDone() {
+		return
+	}
+	err := fmt.Errorf("%w: %w", ErrAborted, reason)
+	if w.onAbort != nil {
+		w.onAbort(err)
+	}
+	w.Complete(nil, err)
+}
+
+// SourceRanker is implemented by the Work of RecvAnysource: it names the
+// rank the message came from, once the work has completed.
+type SourceRanker interface {
+	SourceRank() (int, error)
+}

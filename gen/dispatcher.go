@@ -1,0 +1,139 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	. "github.com/dave/jennifer/jen"
+)
+
+const pkgDispatcher = "github.com/gocoll/gocoll/dispatcher"
+
+// checkMethods maps a rule to the dispatcher checker method that runs it.
+var checkMethods = map[string]string{
+	"nonempty": "nonEmpty", "single": "single", "list_len": "listLen", "contiguous": "contiguous",
+	"same_dtype": "sameDType", "same_device": "sameDevice", "same_numel": "sameNumel", "root": "root",
+	"root_tensor": "rootTensor", "peer": "peer", "world_times": "worldTimes", "reduce_op": "reduceOp",
+	"splits": "splits", "rooted_lists": "rootedLists", "tag": "tag", "nonneg_timeout": "nonnegTimeout",
+	"gathered_lists": "gatheredLists",
+}
+
+// targ returns the checker's view of a tensor argument.
+func targ(op *OpSpec, name string) *Statement {
+	a := op.arg(name)
+	ctor := map[string]string{"tensor": "one", "tensors": "list", "tensor_lists": "lists"}[a.Type]
+	return Id(ctor).Call(Lit(name), Id(name))
+}
+
+// ruleArg renders one rule argument as the checker method expects it.
+func ruleArg(op *OpSpec, kind byte, a string) *Statement {
+	if name, ok := strings.CutPrefix(a, "opt."); ok {
+		return Id("opts").Dot(name)
+	}
+	switch kind {
+	case 'r':
+		return Id(a)
+	case 'n':
+		if a == "world" {
+			return Id("pg").Dot("size")
+		}
+		if n, err := strconv.Atoi(a); err == nil {
+			return Lit(n)
+		}
+		return Len(Id(a))
+	}
+	return targ(op, a)
+}
+
+func ruleCall(op *OpSpec, r Rule) *Statement {
+	sig := checks[r.Check]
+	args := []Code{Lit(r.Msg)}
+	for i, a := range r.Args {
+		k := sig[min(i, len(sig)-1)]
+		args = append(args, ruleArg(op, k, a))
+	}
+	return Id("c").Dot(checkMethods[r.Check]).Call(args...)
+}
+
+// roleArgs returns the tensor args whose role is one of want.
+func roleArgs(op *OpSpec, want ...string) []Code {
+	var out []Code
+	for _, a := range op.Args {
+		for _, w := range want {
+			if a.Role == w {
+				out = append(out, targ(op, a.Name))
+			}
+		}
+	}
+	return out
+}
+
+// genDispatcher writes one ProcessGroup method per op.
+func genDispatcher(s *Spec) ([]byte, error) {
+	f := NewFilePath(pkgDispatcher)
+	f.HeaderComment(header)
+	for _, op := range s.Ops {
+		params := []Code{Id("ctx").Qual("context", "Context")}
+		var callArgs []Code
+		for _, a := range op.Args {
+			params = append(params, Id(a.Name).Add(argType(a.Type)))
+			callArgs = append(callArgs, Id(a.Name))
+		}
+		params = append(params, Id("opts").Qual(pkgBackend, optionsName(op)))
+		callArgs = append([]Code{Id("ctx"), Id("call").Dot("meta")}, append(callArgs, Id("opts"))...)
+
+		body := []Code{
+			Id("c").Op(":=").Id("pg").Dot("checker").Call(Qual(pkgBackend, opConst(op))),
+		}
+		for _, r := range op.Rules {
+			body = append(body, ruleCall(op, r))
+		}
+		body = append(body, If(Id("c").Dot("err").Op("!=").Nil()).Block(Return(Nil(), Id("c").Dot("err"))))
+
+		// Route by the first tensor argument; ops without tensors go to the
+		// group's barrier device.
+		tensorArgs := roleArgs(op, "in", "out", "inout")
+		var route *Statement
+		if len(tensorArgs) > 0 {
+			route = Id("pg").Dot("deviceOf").Call(tensorArgs...)
+		} else if op.option("DeviceIDs") != nil {
+			route = Id("pg").Dot("barrierDevice").Call(Qual(pkgBackend, opConst(op)), Id("opts").Dot("DeviceIDs"))
+		} else {
+			route = Id("pg").Dot("barrierDevice").Call(Qual(pkgBackend, opConst(op)), Nil())
+		}
+		body = append(body,
+			List(Id("call"), Err()).Op(":=").Id("pg").Dot("begin").Call(Id("ctx"), Qual(pkgBackend, opConst(op)), route, Id("opts").Dot("Timeout")),
+			If(Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
+		)
+		// Hooks see the tensors; the slices are built only when a hook is
+		// registered, so the common path allocates nothing here.
+		hookSet := []Code{}
+		if ins := roleArgs(op, "in", "inout"); len(ins) > 0 {
+			hookSet = append(hookSet, Id("call").Dot("info").Dot("Inputs").Op("=").Id("flatten").Call(ins...))
+		}
+		if outs := roleArgs(op, "out", "inout"); len(outs) > 0 {
+			hookSet = append(hookSet, Id("call").Dot("info").Dot("Outputs").Op("=").Id("flatten").Call(outs...))
+		}
+		for _, a := range op.Args {
+			if a.Type == "rank" {
+				hookSet = append(hookSet, Id("call").Dot("info").Dot("Peer").Op("=").Id(a.Name))
+			}
+		}
+		if len(hookSet) > 0 {
+			body = append(body, If(Id("pg").Dot("hooked").Call()).Block(hookSet...))
+		}
+		body = append(body,
+			Id("pg").Dot("pre").Call(Id("ctx"), Op("&").Id("call")),
+			List(Id("w"), Err()).Op(":=").Id("call").Dot("backend").Dot(op.GoName).Call(callArgs...),
+			Return(Id("pg").Dot("post").Call(Id("ctx"), Op("&").Id("call"), Id("w"), Err())),
+		)
+
+		f.Comment(op.Doc)
+		f.Comment("")
+		f.Comment(fmt.Sprintf("It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and"))
+		f.Comment(fmt.Sprintf("runs on the backend that serves the tensors' device. Errors are *backend.OpError."))
+		f.Func().Params(Id("pg").Op("*").Id("ProcessGroup")).Id(op.GoName).Params(params...).Params(Qual(pkgBackend, "Work"), Error()).Block(body...)
+	}
+	return render(f)
+}
