@@ -1,0 +1,349 @@
+// Package dispatcher is what applications import: process groups over a
+// store, one method per collective, routed by the tensors' device to the
+// backend that serves it.
+//
+// A job starts each rank with Init (or InitFromEnv, which reads torchrun's
+// variables), then issues ops on the returned *ProcessGroup:
+//
+//	pg, err := dispatcher.Init(ctx, dispatcher.Config{Store: st, Rank: r, WorldSize: n, Backend: "cpu:cpupool,cuda:nccl"})
+//	w, err := pg.Allreduce(ctx, []*tensor.Tensor{t}, backend.AllreduceOptions{ReduceOp: backend.MAX})
+//	err = w.Wait(ctx)
+//
+// The dispatcher validates every op's arguments against spec/ops.yaml,
+// numbers it (collectives and p2p ops have separate counters, as in
+// PyTorch), runs the pre- and post-op hooks that the flight recorder and
+// metrics attach to, and calls the backend. Backends are linked by blank
+// import (e.g. _ "github.com/gocoll/gocoll/backends/cpupool"); the
+// dispatcher never imports one.
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/store"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// DefaultTimeout is the op timeout of a group that was given none: 10
+// minutes, PyTorch's default for NCCL and Gloo.
+const DefaultTimeout = 10 * time.Minute
+
+// Config describes the default process group of a job.
+type Config struct {
+	// Store is where the ranks meet. Required.
+	Store store.Store
+	// Rank is this process's rank, in [0, WorldSize).
+	Rank int
+	// WorldSize is the number of ranks, at least 1.
+	WorldSize int
+	// Backend is a PyTorch backend string: one backend name, or
+	// "device:backend" pairs such as "cpu:cpupool,cuda:nccl".
+	Backend string
+	// Timeout is the default op timeout; 0 means DefaultTimeout. It also
+	// bounds the store barrier at Init.
+	Timeout time.Duration
+	// Device, when set, initialises that device's backend eagerly (for
+	// NCCL: creates the communicator now, as PyTorch's device_id does).
+	Device *tensor.Device
+	// BackendOptions maps a backend name to its options (e.g.
+	// "nccl": &nccl.Options{...}); backends get nil for defaults.
+	BackendOptions map[string]any
+	// SkipInitBarrier skips the store barrier that Init runs to make sure
+	// every rank has arrived. PyTorch has the same switch
+	// (TORCH_DIST_INIT_BARRIER=0).
+	SkipInitBarrier bool
+}
+
+// ProcessGroup is a set of ranks that run collectives together. Its methods
+// are safe for concurrent use, but, as in every collective library, the
+// ranks must issue the same collectives in the same order.
+type ProcessGroup struct {
+	rank, size int   // in this group; rank is -1 on a non-member
+	globalRank int   // this process's rank in the default group
+	ranks      []int // global rank of each group rank
+	name, desc string
+	store      store.Store // prefixed for this group
+	ownedStore store.Store // the store InitFromEnv made; closed with the group
+	timeout    time.Duration
+	cfg        Config
+	root       *ProcessGroup // the default group; itself for the default group
+
+	backends    []slot // indexed by tensor.DeviceType
+	nextGroupID atomic.Uint64
+	collSeq     atomic.Uint64
+	p2pSeq      atomic.Uint64
+	hooks       atomic.Pointer[[]Hooks]
+	mu          sync.Mutex // guards closed and the backends' construction
+	closed      atomic.Bool
+}
+
+// slot holds the backend of one device type, or why it could not be made.
+type slot struct {
+	name string
+	b    backend.Backend
+	err  error
+}
+
+// Init creates the default process group: it checks the config, builds a
+// backend for every device type of the backend string, and waits in a store
+// barrier until every rank has arrived (unless SkipInitBarrier).
+func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("dispatcher: %w: Config.Store is nil", backend.ErrInvalidArgument)
+	}
+	if cfg.WorldSize < 1 {
+		return nil, fmt.Errorf("dispatcher: %w: world size %d must be at least 1", backend.ErrInvalidArgument, cfg.WorldSize)
+	}
+	if cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize {
+		return nil, fmt.Errorf("dispatcher: %w: rank %d outside [0, %d)", backend.ErrInvalidArgument, cfg.Rank, cfg.WorldSize)
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("dispatcher: %w: negative timeout %v", backend.ErrInvalidArgument, cfg.Timeout)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	ranks := make([]int, cfg.WorldSize)
+	for i := range ranks {
+		ranks[i] = i
+	}
+	pg := &ProcessGroup{rank: cfg.Rank, size: cfg.WorldSize, globalRank: cfg.Rank, ranks: ranks,
+		name: "0", desc: "default_pg", timeout: cfg.Timeout, cfg: cfg}
+	pg.root = pg
+	st, err := store.NewPrefixStore("default_pg", cfg.Store)
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher: %w", err)
+	}
+	pg.store = st
+	if err := pg.build(ctx, nil); err != nil {
+		return nil, err
+	}
+	if !cfg.SkipInitBarrier {
+		if err := pg.storeBarrier(ctx, "init", cfg.Timeout); err != nil {
+			pg.Abort(ctx, err)
+			return nil, err
+		}
+	}
+	return pg, nil
+}
+
+// build makes the group's backends. A backend that cannot be made (its
+// native library is missing, say) is recorded, and ops on its device fail
+// with that error; the other devices still work. With cfg.Device set, that
+// device's backend must succeed.
+func (pg *ProcessGroup) build(ctx context.Context, parent *ProcessGroup) error {
+	devmap, err := backend.ParseBackendString(pg.cfg.Backend)
+	if err != nil {
+		return fmt.Errorf("dispatcher: %w", err)
+	}
+	pg.backends = make([]slot, tensor.CUDA+1)
+	for dt := tensor.CPU; dt <= tensor.CUDA; dt++ {
+		name, ok := devmap[dt]
+		if !ok {
+			continue
+		}
+		drv, _ := backend.Lookup(name)
+		bcfg := backend.Config{
+			Store: pg.store, Rank: pg.rank, WorldSize: pg.size, GroupName: pg.name, GroupDesc: pg.desc,
+			Timeout: pg.timeout, Options: pg.cfg.BackendOptions[name],
+		}
+		if pg != pg.root {
+			bcfg.GlobalRanks = pg.ranks
+		}
+		if d := pg.cfg.Device; d != nil && d.Type == dt {
+			bcfg.Device = d
+		}
+		if parent != nil && int(dt) < len(parent.backends) {
+			bcfg.Parent = parent.backends[dt].b
+		}
+		b, err := drv.New(ctx, bcfg)
+		if err != nil {
+			err = fmt.Errorf("dispatcher: group %s: backend %q for %s: %w", pg.desc, name, dt, err)
+			if bcfg.Device != nil {
+				pg.closeBackends(ctx)
+				return err
+			}
+		}
+		pg.backends[dt] = slot{name: name, b: b, err: err}
+	}
+	return nil
+}
+
+// Rank returns this process's rank in the group, or -1 if it is not a
+// member.
+func (pg *ProcessGroup) Rank() int { return pg.rank }
+
+// Size returns the number of ranks in the group.
+func (pg *ProcessGroup) Size() int { return pg.size }
+
+// Ranks returns the global rank of each group rank.
+func (pg *ProcessGroup) Ranks() []int { return slices.Clone(pg.ranks) }
+
+// Name returns the group's unique id: "0" for the default group, then "1",
+// "2", … in creation order, the same on every rank.
+func (pg *ProcessGroup) Name() string { return pg.name }
+
+// Desc returns the group's description, e.g. "default_pg".
+func (pg *ProcessGroup) Desc() string { return pg.desc }
+
+// Timeout returns the group's default op timeout.
+func (pg *ProcessGroup) Timeout() time.Duration { return pg.timeout }
+
+// Store returns the group's store (prefixed for the group).
+func (pg *ProcessGroup) Store() store.Store { return pg.store }
+
+// IsMember reports whether this process belongs to the group.
+func (pg *ProcessGroup) IsMember() bool { return pg.rank >= 0 }
+
+// SeqNum returns the number of collectives (barriers included) issued so
+// far, which is the sequence number of the last one; 0 before the first.
+func (pg *ProcessGroup) SeqNum() uint64 { return pg.collSeq.Load() }
+
+// P2PSeqNum returns the number of point-to-point ops issued so far.
+func (pg *ProcessGroup) P2PSeqNum() uint64 { return pg.p2pSeq.Load() }
+
+// GroupRank converts a global rank to this group's rank.
+func (pg *ProcessGroup) GroupRank(global int) (int, error) {
+	if i := slices.Index(pg.ranks, global); i >= 0 {
+		return i, nil
+	}
+	return -1, fmt.Errorf("dispatcher: %w: global rank %d is not part of group %s (ranks %v)", backend.ErrInvalidArgument, global, pg.name, pg.ranks)
+}
+
+// GlobalRank converts a group rank to the global rank.
+func (pg *ProcessGroup) GlobalRank(groupRank int) (int, error) {
+	if groupRank < 0 || groupRank >= len(pg.ranks) {
+		return -1, fmt.Errorf("dispatcher: %w: group rank %d is not part of group %s (size %d)", backend.ErrInvalidArgument, groupRank, pg.name, pg.size)
+	}
+	return pg.ranks[groupRank], nil
+}
+
+// Backend returns the backend that serves device type dt.
+func (pg *ProcessGroup) Backend(dt tensor.DeviceType) (backend.Backend, error) {
+	if pg.rank < 0 {
+		return nil, pg.notMember("backend")
+	}
+	if int(dt) >= len(pg.backends) || pg.backends[dt].name == "" {
+		return nil, fmt.Errorf("dispatcher: %w: no backend for device type %s in group %s (backend string %q)", backend.ErrInvalidArgument, dt, pg.desc, pg.cfg.Backend)
+	}
+	s := pg.backends[dt]
+	return s.b, s.err
+}
+
+// GroupOptions are the options of NewGroup.
+type GroupOptions struct {
+	// Desc describes the group; empty gives "<parent desc>:group:<name>".
+	Desc string
+	// Timeout overrides the parent's default op timeout when non-zero.
+	Timeout time.Duration
+	// KeepOrder keeps the ranks in the order given instead of sorting them
+	// (PyTorch's sort_ranks=False).
+	KeepOrder bool
+}
+
+// NewGroup creates a subgroup of the default group with the given global
+// ranks. Every rank of the default group must call it, in the same order
+// for every group, as in PyTorch; non-members get a group whose ops fail
+// with an error saying so. Empty ranks means every rank. Ranks are sorted
+// unless KeepOrder; duplicates and out-of-range ranks are rejected. Where
+// the parent's backend supports it, the subgroup derives its communicator
+// from the parent's (ncclCommSplit).
+func (pg *ProcessGroup) NewGroup(ctx context.Context, ranks []int, opts GroupOptions) (*ProcessGroup, error) {
+	root := pg.root
+	if root.closed.Load() {
+		return nil, fmt.Errorf("dispatcher: new group: %w", backend.ErrClosed)
+	}
+	if len(ranks) == 0 {
+		ranks = root.ranks
+	}
+	ranks = slices.Clone(ranks)
+	if !opts.KeepOrder {
+		slices.Sort(ranks)
+	}
+	seen := map[int]bool{}
+	for _, r := range ranks {
+		if r < 0 || r >= root.size {
+			return nil, fmt.Errorf("dispatcher: new group: %w: rank %d is outside the world [0, %d)", backend.ErrInvalidArgument, r, root.size)
+		}
+		if seen[r] {
+			return nil, fmt.Errorf("dispatcher: new group: %w: duplicate rank %d in %v", backend.ErrInvalidArgument, r, ranks)
+		}
+		seen[r] = true
+	}
+	name := strconv.FormatUint(root.nextGroupID.Add(1), 10)
+	desc := opts.Desc
+	if desc == "" {
+		desc = root.desc + ":group:" + name
+	}
+	timeout := root.timeout
+	if opts.Timeout > 0 {
+		timeout = opts.Timeout
+	}
+	g := &ProcessGroup{rank: slices.Index(ranks, root.globalRank), size: len(ranks), globalRank: root.globalRank,
+		ranks: ranks, name: name, desc: desc, timeout: timeout, cfg: root.cfg, root: root}
+	g.cfg.Timeout = timeout
+	if g.rank < 0 {
+		return g, nil
+	}
+	st, err := store.NewPrefixStore("group/"+name, root.cfg.Store)
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher: new group: %w", err)
+	}
+	g.store = st
+	if err := g.build(ctx, root); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Close waits for issued ops to finish, bounded by ctx, and releases the
+// group's backends. Later ops fail with ErrClosed. Closing twice is a no-op.
+func (pg *ProcessGroup) Close(ctx context.Context) error {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	if pg.closed.Swap(true) {
+		return nil
+	}
+	err := pg.closeBackends(ctx)
+	if pg.ownedStore != nil {
+		err = errors.Join(err, pg.ownedStore.Close())
+	}
+	return err
+}
+
+func (pg *ProcessGroup) closeBackends(ctx context.Context) error {
+	var errs []error
+	for _, s := range pg.backends {
+		if s.b != nil {
+			errs = append(errs, s.b.Close(ctx))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Abort stops every backend of the group at once, without waiting for
+// peers. Pending works fail with ErrAborted wrapping reason, and later ops
+// fail with an error that keeps it.
+func (pg *ProcessGroup) Abort(ctx context.Context, reason error) error {
+	pg.closed.Store(true)
+	var errs []error
+	for _, s := range pg.backends {
+		if s.b != nil {
+			errs = append(errs, s.b.Abort(ctx, reason))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (pg *ProcessGroup) notMember(op string) error {
+	return &backend.OpError{Op: op, Rank: pg.globalRank, Kind: backend.ErrInvalidArgument,
+		Detail: fmt.Sprintf("global rank %d is not a member of group %s %q (ranks %v)", pg.globalRank, pg.name, pg.desc, pg.ranks)}
+}

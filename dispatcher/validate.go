@@ -1,0 +1,366 @@
+package dispatcher
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// targ is a named tensor argument in one of its three shapes, as the
+// generated validation passes it. It is a value type so that checks on the
+// success path do not allocate.
+type targ struct {
+	name  string
+	one   *tensor.Tensor
+	list  []*tensor.Tensor
+	lists [][]*tensor.Tensor
+	shape byte // 'o', 'l' or 'L'
+}
+
+func one(name string, t *tensor.Tensor) targ            { return targ{name: name, one: t, shape: 'o'} }
+func list(name string, ts []*tensor.Tensor) targ        { return targ{name: name, list: ts, shape: 'l'} }
+func lists(name string, tss [][]*tensor.Tensor) targ    { return targ{name: name, lists: tss, shape: 'L'} }
+func (a targ) each(fn func(t *tensor.Tensor, i, j int) bool) bool {
+	switch a.shape {
+	case 'o':
+		return fn(a.one, -1, -1)
+	case 'l':
+		for i, t := range a.list {
+			if !fn(t, i, -1) {
+				return false
+			}
+		}
+	case 'L':
+		for i, l := range a.lists {
+			for j, t := range l {
+				if !fn(t, i, j) {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
+// label names one tensor of the argument: "input", "tensors[2]", "outputs[0][3]".
+func (a targ) label(i, j int) string {
+	switch {
+	case i < 0:
+		return a.name
+	case j < 0:
+		return fmt.Sprintf("%s[%d]", a.name, i)
+	}
+	return fmt.Sprintf("%s[%d][%d]", a.name, i, j)
+}
+
+// length is the number of top-level elements.
+func (a targ) length() int {
+	switch a.shape {
+	case 'o':
+		return 1
+	case 'l':
+		return len(a.list)
+	}
+	return len(a.lists)
+}
+
+// checker runs an op's argument rules. The first failure is kept; later
+// rules are skipped.
+type checker struct {
+	op         backend.Op
+	rank, size int
+	err        error
+}
+
+func (c *checker) failf(msg, format string, args ...any) {
+	if c.err != nil {
+		return
+	}
+	detail := msg
+	if format != "" {
+		detail += " (" + fmt.Sprintf(format, args...) + ")"
+	}
+	c.err = &backend.OpError{Op: c.op.String(), Rank: c.rank, Kind: backend.ErrInvalidArgument, Detail: detail}
+}
+
+func (c *checker) nonEmpty(msg string, a targ) {
+	if c.err == nil && a.length() == 0 {
+		c.failf(msg, "%s is empty", a.name)
+	}
+}
+
+func (c *checker) single(msg string, a targ) {
+	if c.err == nil && a.length() != 1 {
+		c.failf(msg, "%s has %d elements", a.name, a.length())
+	}
+}
+
+func (c *checker) listLen(msg string, a targ, want int) {
+	if c.err == nil && a.shape == 'L' {
+		// For a list of lists, the rule is about every inner list.
+		for i, l := range a.lists {
+			if len(l) != want {
+				c.failf(msg, "len(%s[%d]) = %d, want %d", a.name, i, len(l), want)
+				return
+			}
+		}
+		return
+	}
+	if c.err == nil && a.length() != want {
+		c.failf(msg, "len(%s) = %d, want %d", a.name, a.length(), want)
+	}
+}
+
+func (c *checker) eachTensor(msg string, args []targ, bad func(t *tensor.Tensor) string) {
+	for _, a := range args {
+		if c.err != nil {
+			return
+		}
+		a.each(func(t *tensor.Tensor, i, j int) bool {
+			if t == nil {
+				c.failf(msg, "%s is nil", a.label(i, j))
+				return false
+			}
+			if why := bad(t); why != "" {
+				c.failf(msg, "%s %s", a.label(i, j), why)
+				return false
+			}
+			return true
+		})
+	}
+}
+
+func (c *checker) contiguous(msg string, args ...targ) {
+	c.eachTensor(msg, args, func(t *tensor.Tensor) string {
+		if !t.IsContiguous() {
+			return fmt.Sprintf("has strides %v for shape %v", t.Strides(), t.Shape())
+		}
+		return ""
+	})
+}
+
+// first returns the first non-nil tensor of args, or nil.
+func first(args []targ) *tensor.Tensor {
+	var out *tensor.Tensor
+	for _, a := range args {
+		a.each(func(t *tensor.Tensor, _, _ int) bool {
+			out = t
+			return t == nil
+		})
+		if out != nil {
+			return out
+		}
+	}
+	return nil
+}
+
+func (c *checker) sameDType(msg string, args ...targ) {
+	ref := first(args)
+	if ref == nil {
+		return
+	}
+	c.eachTensor(msg, args, func(t *tensor.Tensor) string {
+		if t.DType() != ref.DType() {
+			return fmt.Sprintf("is %s, others are %s", t.DType(), ref.DType())
+		}
+		return ""
+	})
+}
+
+func (c *checker) sameDevice(msg string, args ...targ) {
+	ref := first(args)
+	if ref == nil {
+		return
+	}
+	c.eachTensor(msg, args, func(t *tensor.Tensor) string {
+		if t.Device() != ref.Device() {
+			return fmt.Sprintf("is on %s, others on %s", t.Device(), ref.Device())
+		}
+		return ""
+	})
+}
+
+func (c *checker) sameNumel(msg string, args ...targ) {
+	ref := first(args)
+	if ref == nil {
+		return
+	}
+	c.eachTensor(msg, args, func(t *tensor.Tensor) string {
+		if t.Numel() != ref.Numel() {
+			return fmt.Sprintf("has %d elements, others %d", t.Numel(), ref.Numel())
+		}
+		return ""
+	})
+}
+
+func (c *checker) root(msg string, root int) {
+	if c.err == nil && (root < 0 || root >= c.size) {
+		c.failf(msg, "root %d, world size %d", root, c.size)
+	}
+}
+
+func (c *checker) rootTensor(msg string, idx int, a targ) {
+	if c.err == nil && (idx < 0 || idx >= a.length()) {
+		c.failf(msg, "root tensor %d, %s has %d", idx, a.name, a.length())
+	}
+}
+
+func (c *checker) peer(msg string, peer int) {
+	switch {
+	case c.err != nil:
+	case peer < 0 || peer >= c.size:
+		c.failf(msg, "rank %d is outside [0, %d)", peer, c.size)
+	case peer == c.rank:
+		c.failf(msg, "rank %d is this rank; send to or receive from self is not allowed", peer)
+	}
+}
+
+// worldTimes checks numel(big) == size*numel(small), pairwise for lists.
+func (c *checker) worldTimes(msg string, big, small targ) {
+	if c.err != nil {
+		return
+	}
+	if big.length() != small.length() {
+		c.failf(msg, "%d %s for %d %s", big.length(), big.name, small.length(), small.name)
+		return
+	}
+	for i := 0; i < big.length(); i++ {
+		b, s := big.one, small.one
+		if big.shape == 'l' {
+			b, s = big.list[i], small.list[i]
+		}
+		if b == nil || s == nil {
+			c.failf(msg, "%s is nil", big.label(i, -1))
+			return
+		}
+		if b.Numel() != c.size*s.Numel() {
+			c.failf(msg, "%s has %d elements, %s has %d, world size %d", big.label(idx(big, i), -1), b.Numel(), small.label(idx(small, i), -1), s.Numel(), c.size)
+			return
+		}
+	}
+}
+
+// idx maps a pair index to a label index: -1 for single tensors.
+func idx(a targ, i int) int {
+	if a.shape == 'o' {
+		return -1
+	}
+	return i
+}
+
+func (c *checker) reduceOp(msg string, op backend.ReduceOp, args ...targ) {
+	if c.err != nil {
+		return
+	}
+	ref := first(args)
+	if ref == nil {
+		return
+	}
+	if err := op.ValidFor(ref.DType()); err != nil {
+		c.failf(msg, "%v", err)
+	}
+}
+
+func (c *checker) splits(msg string, splits []int, a targ) {
+	if c.err != nil || len(splits) == 0 || a.one == nil {
+		return
+	}
+	if len(splits) != c.size {
+		c.failf(msg, "%d split sizes for world size %d", len(splits), c.size)
+		return
+	}
+	rows := a.one.Numel()
+	if a.one.Dim() > 0 {
+		rows = a.one.Shape()[0]
+	}
+	sum := 0
+	for i, s := range splits {
+		if s < 0 {
+			c.failf(msg, "split %d is negative (%d)", i, s)
+			return
+		}
+		sum += s
+	}
+	if sum != rows {
+		c.failf(msg, "split sizes %v sum to %d, %s has %d rows", splits, sum, a.name, rows)
+	}
+}
+
+// rootedLists checks the list of lists of a gather (outputs) or scatter
+// (inputs): on the root one list of world-size tensors of ref's size,
+// elsewhere nothing.
+func (c *checker) rootedLists(msg string, root int, a targ, ref targ) {
+	if c.err != nil {
+		return
+	}
+	if c.rank != root {
+		if len(a.lists) != 0 {
+			c.failf(msg, "rank %d is not the root but %s has %d lists", c.rank, a.name, len(a.lists))
+		}
+		return
+	}
+	if len(a.lists) != 1 || len(a.lists[0]) != c.size {
+		n := -1
+		if len(a.lists) == 1 {
+			n = len(a.lists[0])
+		}
+		c.failf(msg, "on the root %s has %d lists (first of %d tensors), want 1 list of %d", a.name, len(a.lists), n, c.size)
+		return
+	}
+	r := first([]targ{ref})
+	if r == nil {
+		return
+	}
+	for j, t := range a.lists[0] {
+		if t != nil && t.Numel() != r.Numel() {
+			c.failf(msg, "invalid tensor size: %s has %d elements, %s has %d", a.label(0, j), t.Numel(), ref.name, r.Numel())
+			return
+		}
+	}
+}
+
+// gatheredLists checks allgather_coalesced: outputs[i] holds world-size
+// tensors of inputs[i]'s size.
+func (c *checker) gatheredLists(msg string, outs, ins targ) {
+	if c.err != nil {
+		return
+	}
+	for i, l := range outs.lists {
+		if len(l) != c.size {
+			c.failf(msg, "%s has %d tensors, world size %d", outs.label(i, -1), len(l), c.size)
+			return
+		}
+		for j, t := range l {
+			if t != nil && ins.list[i] != nil && t.Numel() != ins.list[i].Numel() {
+				c.failf(msg, "%s has %d elements, %s has %d", outs.label(i, j), t.Numel(), ins.label(i, -1), ins.list[i].Numel())
+				return
+			}
+		}
+	}
+}
+
+func (c *checker) tag(msg string, tag int) {
+	if c.err == nil && tag < 0 {
+		c.failf(msg, "tag %d", tag)
+	}
+}
+
+func (c *checker) nonnegTimeout(msg string, d time.Duration) {
+	if c.err == nil && d < 0 {
+		c.failf(msg, "timeout %v", d)
+	}
+}
+
+// flatten lists every tensor of args, for hooks.
+func flatten(args ...targ) []*tensor.Tensor {
+	var out []*tensor.Tensor
+	for _, a := range args {
+		a.each(func(t *tensor.Tensor, _, _ int) bool {
+			out = append(out, t)
+			return true
+		})
+	}
+	return out
+}
