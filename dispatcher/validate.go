@@ -19,9 +19,9 @@ type targ struct {
 	shape byte // 'o', 'l' or 'L'
 }
 
-func one(name string, t *tensor.Tensor) targ            { return targ{name: name, one: t, shape: 'o'} }
-func list(name string, ts []*tensor.Tensor) targ        { return targ{name: name, list: ts, shape: 'l'} }
-func lists(name string, tss [][]*tensor.Tensor) targ    { return targ{name: name, lists: tss, shape: 'L'} }
+func one(name string, t *tensor.Tensor) targ         { return targ{name: name, one: t, shape: 'o'} }
+func list(name string, ts []*tensor.Tensor) targ     { return targ{name: name, list: ts, shape: 'l'} }
+func lists(name string, tss [][]*tensor.Tensor) targ { return targ{name: name, lists: tss, shape: 'L'} }
 func (a targ) each(fn func(t *tensor.Tensor, i, j int) bool) bool {
 	switch a.shape {
 	case 'o':
