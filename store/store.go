@@ -1,6 +1,3 @@
-// Package store holds the key-value stores that ranks rendezvous through:
-// the Store interface, a TCPStore server and client that speak PyTorch's wire
-// protocol, and the Prefix, Hash and File stores.
 package store
 
 import (
