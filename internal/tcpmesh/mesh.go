@@ -1,0 +1,916 @@
+// Package tcpmesh is a coll.Transport over a full mesh of TCP connections,
+// one per pair of ranks, set up through a store.
+//
+// Rendezvous: every rank listens on an ephemeral port and publishes
+// "host:port" under "tcpmesh/addr/<rank>"; rank 0 publishes a random
+// session id. Each rank dials every lower rank and accepts every higher
+// one; the dialer's hello carries the session id, its rank and the world
+// size, so connections from another job or group are refused. Both sides
+// give up at the connect deadline.
+//
+// Wire: every message is one frame, a 24-byte header (kind, source rank,
+// tag, payload length; little-endian) and the payload. One reader
+// goroutine per connection matches frames with posted receives by (source,
+// tag), in order, and reads the payload straight into the receive's buffer;
+// a frame nobody waits for yet is read into a pooled buffer and copied when
+// its receive is posted. Writers take the connection's lock for one whole
+// frame, so concurrent ops never interleave on the wire.
+//
+// Failure: when any connection fails (the peer died or closed), every
+// posted receive and every later call fails with a *PeerError naming that
+// rank: a collective over a broken mesh cannot complete, and failing fast
+// beats waiting for the timeout.
+package tcpmesh
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gocoll/gocoll/internal/coll"
+	"github.com/gocoll/gocoll/store"
+)
+
+// Frame kinds.
+const (
+	kindData       = 1
+	kindProbe      = 2 // tag: probe id; no payload
+	kindProbeReply = 3 // tag: probe id; payload: 8-byte value
+	hdrLen         = 24
+	helloMagic     = 0x67636f6c // "gcol"
+	smallWrite     = 32 << 10   // payloads up to this are copied next to the header: one syscall
+)
+
+// Errors.
+var (
+	// ErrClosed is the cause of failures after Close.
+	ErrClosed = errors.New("tcpmesh: closed")
+	// ErrSize is a receive whose buffer does not match the message's length.
+	ErrSize = errors.New("tcpmesh: message size mismatch")
+)
+
+// PeerError is the failure of the connection to Rank: the peer died,
+// closed its end, or broke the protocol.
+type PeerError struct {
+	Rank int
+	Err  error
+}
+
+func (e *PeerError) Error() string {
+	return fmt.Sprintf("tcpmesh: connection to rank %d failed: %v", e.Rank, e.Err)
+}
+
+func (e *PeerError) Unwrap() error { return e.Err }
+
+// Config sets up a mesh.
+type Config struct {
+	// Rank and Size place this process in the group.
+	Rank, Size int
+	// Store is where addresses are exchanged; it should be prefixed for the
+	// group, as the dispatcher's is.
+	Store store.Store
+	// Host is the address peers dial this rank at (default 127.0.0.1).
+	Host string
+	// ConnectTimeout bounds the whole setup, on both sides (default 60 s).
+	ConnectTimeout time.Duration
+	// MaxMessage bounds the length a peer may announce for a message that
+	// has no posted receive yet (default 4 GiB), so a bad frame cannot
+	// exhaust memory.
+	MaxMessage int64
+	// Pool recycles buffers of unexpected messages; nil means a private one.
+	Pool *coll.Pool
+	// OnProbe answers a peer's Probe (e.g. with the number of collectives
+	// this rank has issued). Nil answers 0.
+	OnProbe func() uint64
+}
+
+type key struct {
+	peer int
+	tag  uint64
+}
+
+// Mesh is a coll.Transport over TCP. Its methods are safe for concurrent
+// use.
+type Mesh struct {
+	cfg   Config
+	rank  int
+	size  int
+	peers []*peer
+	pool  *coll.Pool
+
+	mu         sync.Mutex
+	posted     map[key]reqList    // lists by value: no allocation per tag
+	anyPosted  map[uint64]reqList
+	unexpected map[key]msgList
+	arrivals   uint64 // arrival counter, orders unexpected messages for anysource
+	broken     error
+	probes     map[uint64]chan uint64
+	probeID    atomic.Uint64
+
+	readers sync.WaitGroup
+	reqPool sync.Pool
+	msgPool sync.Pool
+}
+
+var _ coll.Transport = (*Mesh)(nil)
+
+type peer struct {
+	rank int
+	conn *net.TCPConn
+	br   *bufio.Reader
+
+	wmu  sync.Mutex
+	hdr  [hdrLen]byte
+	wbuf []byte
+	bufs net.Buffers
+	dl   bool // a write deadline is set
+}
+
+// Connect builds the mesh. It blocks until every connection is up or the
+// connect timeout (or ctx) expires.
+func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
+	if cfg.Size < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.Size {
+		return nil, fmt.Errorf("tcpmesh: rank %d out of range for size %d", cfg.Rank, cfg.Size)
+	}
+	if cfg.Host == "" {
+		cfg.Host = "127.0.0.1"
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 60 * time.Second
+	}
+	if cfg.MaxMessage <= 0 {
+		cfg.MaxMessage = 4 << 30
+	}
+	m := &Mesh{
+		cfg: cfg, rank: cfg.Rank, size: cfg.Size, pool: cfg.Pool,
+		peers:      make([]*peer, cfg.Size),
+		posted:     map[key]reqList{},
+		anyPosted:  map[uint64]reqList{},
+		unexpected: map[key]msgList{},
+		probes:     map[uint64]chan uint64{},
+	}
+	if m.pool == nil {
+		m.pool = &coll.Pool{}
+	}
+	m.reqPool.New = func() any { return &Req{m: m, done: make(chan struct{}, 1)} }
+	m.msgPool.New = func() any { return &msg{} }
+	if cfg.Size == 1 {
+		return m, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+	defer cancel()
+	if err := m.rendezvous(ctx); err != nil {
+		for _, p := range m.peers {
+			if p != nil {
+				_ = p.conn.Close()
+			}
+		}
+		return nil, err
+	}
+	for _, p := range m.peers {
+		if p != nil {
+			m.readers.Add(1)
+			go m.readLoop(p)
+		}
+	}
+	return m, nil
+}
+
+func (m *Mesh) rendezvous(ctx context.Context) error {
+	st := m.cfg.Store
+	var session uint64
+	if m.rank == 0 {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return fmt.Errorf("tcpmesh: session id: %w", err)
+		}
+		session = binary.LittleEndian.Uint64(b[:])
+		if err := st.Set(ctx, "tcpmesh/session", []byte(strconv.FormatUint(session, 10))); err != nil {
+			return fmt.Errorf("tcpmesh: publishing session: %w", err)
+		}
+	} else {
+		v, err := st.Get(ctx, "tcpmesh/session")
+		if err != nil {
+			return fmt.Errorf("tcpmesh: rank %d waiting for rank 0's session: %w", m.rank, err)
+		}
+		if session, err = strconv.ParseUint(string(v), 10, 64); err != nil {
+			return fmt.Errorf("tcpmesh: bad session %q: %w", v, err)
+		}
+	}
+	var ln *net.TCPListener
+	if m.rank < m.size-1 {
+		l, err := net.Listen("tcp", net.JoinHostPort(m.cfg.Host, "0"))
+		if err != nil {
+			return fmt.Errorf("tcpmesh: listen on %s: %w", m.cfg.Host, err)
+		}
+		ln = l.(*net.TCPListener)
+		defer ln.Close()
+		if err := st.Set(ctx, "tcpmesh/addr/"+strconv.Itoa(m.rank), []byte(ln.Addr().String())); err != nil {
+			return fmt.Errorf("tcpmesh: publishing address: %w", err)
+		}
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- m.acceptAll(ctx, ln, session) }()
+	go func() { errc <- m.dialAll(ctx, session) }()
+	var first error
+	for range 2 {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			if ln != nil {
+				_ = ln.Close() // unblock Accept
+			}
+		}
+	}
+	return first
+}
+
+func (m *Mesh) newPeer(rank int, c *net.TCPConn) *peer {
+	_ = c.SetNoDelay(true)
+	return &peer{rank: rank, conn: c, br: bufio.NewReaderSize(c, 256<<10), wbuf: make([]byte, hdrLen+smallWrite)}
+}
+
+func (m *Mesh) acceptAll(ctx context.Context, ln *net.TCPListener, session uint64) error {
+	want := m.size - 1 - m.rank
+	if want == 0 {
+		return nil
+	}
+	dl, _ := ctx.Deadline()
+	_ = ln.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { _ = ln.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	got := 0
+	for got < want {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			missing := []int{}
+			for r := m.rank + 1; r < m.size; r++ {
+				if m.peers[r] == nil {
+					missing = append(missing, r)
+				}
+			}
+			return fmt.Errorf("tcpmesh: rank %d accepting connections: ranks %v did not connect: %w", m.rank, missing, err)
+		}
+		_ = c.SetDeadline(dl)
+		var h [20]byte
+		if _, err := io.ReadFull(c, h[:]); err != nil {
+			_ = c.Close()
+			continue
+		}
+		magic := binary.LittleEndian.Uint32(h[0:])
+		sess := binary.LittleEndian.Uint64(h[4:])
+		from := int(binary.LittleEndian.Uint32(h[12:]))
+		size := int(binary.LittleEndian.Uint32(h[16:]))
+		if magic != helloMagic || sess != session || size != m.size || from <= m.rank || from >= m.size || m.peers[from] != nil {
+			_ = c.Close() // a stranger, a stale job, or a duplicate
+			continue
+		}
+		var ack [8]byte
+		binary.LittleEndian.PutUint32(ack[0:], helloMagic)
+		binary.LittleEndian.PutUint32(ack[4:], uint32(m.rank))
+		if _, err := c.Write(ack[:]); err != nil {
+			_ = c.Close()
+			continue
+		}
+		_ = c.SetDeadline(time.Time{})
+		m.peers[from] = m.newPeer(from, c)
+		got++
+	}
+	return nil
+}
+
+func (m *Mesh) dialAll(ctx context.Context, session uint64) error {
+	for r := 0; r < m.rank; r++ {
+		v, err := m.cfg.Store.Get(ctx, "tcpmesh/addr/"+strconv.Itoa(r))
+		if err != nil {
+			return fmt.Errorf("tcpmesh: rank %d waiting for rank %d's address: %w", m.rank, r, err)
+		}
+		c, err := m.dial(ctx, string(v), r, session)
+		if err != nil {
+			return err
+		}
+		m.peers[r] = m.newPeer(r, c)
+	}
+	return nil
+}
+
+// dial connects to rank r, retrying refused connections with backoff until
+// ctx expires.
+func (m *Mesh) dial(ctx context.Context, addr string, r int, session uint64) (*net.TCPConn, error) {
+	backoff := 10 * time.Millisecond
+	var d net.Dialer
+	for {
+		nc, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c := nc.(*net.TCPConn)
+			if err = m.hello(ctx, c, r, session); err == nil {
+				return c, nil
+			}
+			_ = c.Close()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("tcpmesh: rank %d connecting to rank %d at %s: %w (last error: %v)", m.rank, r, addr, ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func (m *Mesh) hello(ctx context.Context, c *net.TCPConn, r int, session uint64) error {
+	dl, _ := ctx.Deadline()
+	_ = c.SetDeadline(dl)
+	var h [20]byte
+	binary.LittleEndian.PutUint32(h[0:], helloMagic)
+	binary.LittleEndian.PutUint64(h[4:], session)
+	binary.LittleEndian.PutUint32(h[12:], uint32(m.rank))
+	binary.LittleEndian.PutUint32(h[16:], uint32(m.size))
+	if _, err := c.Write(h[:]); err != nil {
+		return err
+	}
+	var ack [8]byte
+	if _, err := io.ReadFull(c, ack[:]); err != nil {
+		return err
+	}
+	if binary.LittleEndian.Uint32(ack[0:]) != helloMagic || int(binary.LittleEndian.Uint32(ack[4:])) != r {
+		return fmt.Errorf("tcpmesh: bad handshake reply from rank %d", r)
+	}
+	return c.SetDeadline(time.Time{})
+}
+
+// Rank implements coll.Transport.
+func (m *Mesh) Rank() int { return m.rank }
+
+// Size implements coll.Transport.
+func (m *Mesh) Size() int { return m.size }
+
+// Err returns the error that broke the mesh, or nil.
+func (m *Mesh) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.broken
+}
+
+// Send implements coll.Transport.
+func (m *Mesh) Send(ctx context.Context, peer int, tag uint64, buf []byte) error {
+	return m.write(ctx, peer, kindData, tag, buf)
+}
+
+func (m *Mesh) write(ctx context.Context, to int, kind byte, tag uint64, buf []byte) error {
+	if to == m.rank || to < 0 || to >= m.size {
+		return fmt.Errorf("tcpmesh: send to invalid rank %d", to)
+	}
+	if err := m.Err(); err != nil {
+		return err
+	}
+	p := m.peers[to]
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = p.conn.SetWriteDeadline(dl)
+		p.dl = true
+	} else if p.dl {
+		_ = p.conn.SetWriteDeadline(time.Time{})
+		p.dl = false
+	}
+	h := p.hdr[:]
+	h[0] = kind
+	binary.LittleEndian.PutUint32(h[4:], uint32(m.rank))
+	binary.LittleEndian.PutUint64(h[8:], tag)
+	binary.LittleEndian.PutUint64(h[16:], uint64(len(buf)))
+	var err error
+	if len(buf) <= smallWrite {
+		n := copy(p.wbuf, h)
+		n += copy(p.wbuf[n:], buf)
+		_, err = p.conn.Write(p.wbuf[:n])
+	} else {
+		p.bufs = append(p.bufs[:0], h, buf)
+		_, err = p.bufs.WriteTo(p.conn)
+	}
+	if err != nil {
+		// A partial frame leaves the stream unusable.
+		perr := &PeerError{Rank: to, Err: err}
+		m.fail(perr)
+		_ = p.conn.Close()
+		return perr
+	}
+	return nil
+}
+
+// Probe asks peer for its OnProbe value, bounded by ctx.
+func (m *Mesh) Probe(ctx context.Context, to int) (uint64, error) {
+	id := m.probeID.Add(1)
+	ch := make(chan uint64, 1)
+	m.mu.Lock()
+	m.probes[id] = ch
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.probes, id)
+		m.mu.Unlock()
+	}()
+	if err := m.write(ctx, to, kindProbe, id, nil); err != nil {
+		return 0, err
+	}
+	select {
+	case v := <-ch:
+		return v, nil
+	case <-ctx.Done():
+		return 0, fmt.Errorf("tcpmesh: probe of rank %d: %w", to, ctx.Err())
+	}
+}
+
+func (m *Mesh) readLoop(p *peer) {
+	defer m.readers.Done()
+	var h [hdrLen]byte
+	var v [8]byte
+	for {
+		if _, err := io.ReadFull(p.br, h[:]); err != nil {
+			m.fail(&PeerError{Rank: p.rank, Err: err})
+			return
+		}
+		kind := h[0]
+		src := int(binary.LittleEndian.Uint32(h[4:]))
+		tag := binary.LittleEndian.Uint64(h[8:])
+		n := binary.LittleEndian.Uint64(h[16:])
+		if src != p.rank {
+			m.fail(&PeerError{Rank: p.rank, Err: fmt.Errorf("frame claims source %d", src)})
+			return
+		}
+		var err error
+		switch kind {
+		case kindData:
+			err = m.deliver(p, tag, n)
+		case kindProbe:
+			go func() {
+				var val uint64
+				if m.cfg.OnProbe != nil {
+					val = m.cfg.OnProbe()
+				}
+				var b [8]byte
+				binary.LittleEndian.PutUint64(b[:], val)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = m.write(ctx, p.rank, kindProbeReply, tag, b[:])
+			}()
+		case kindProbeReply:
+			if n != 8 {
+				err = fmt.Errorf("probe reply of %d bytes", n)
+				break
+			}
+			if _, err = io.ReadFull(p.br, v[:]); err == nil {
+				m.mu.Lock()
+				ch := m.probes[tag]
+				m.mu.Unlock()
+				if ch != nil {
+					select {
+					case ch <- binary.LittleEndian.Uint64(v[:]):
+					default:
+					}
+				}
+			}
+		default:
+			err = fmt.Errorf("unknown frame kind %d", kind)
+		}
+		if err != nil {
+			m.fail(&PeerError{Rank: p.rank, Err: err})
+			return
+		}
+	}
+}
+
+// deliver reads one data frame's payload: into a posted receive, or into
+// a pooled buffer queued as unexpected.
+func (m *Mesh) deliver(p *peer, tag uint64, n uint64) error {
+	k := key{p.rank, tag}
+	m.mu.Lock()
+	if m.broken != nil {
+		m.mu.Unlock()
+		return m.broken
+	}
+	r := popReq(m.posted, k)
+	if r == nil {
+		r = popReq(m.anyPosted, tag)
+	}
+	if r != nil {
+		r.state = stateClaimed
+		r.src = p.rank
+		m.mu.Unlock()
+		if n != uint64(len(r.buf)) {
+			if _, err := io.CopyN(io.Discard, p.br, int64(n)); err != nil {
+				r.complete(&PeerError{Rank: p.rank, Err: err})
+				return err
+			}
+			r.complete(fmt.Errorf("%w: %d bytes from rank %d, tag %d, for a %d-byte receive", ErrSize, n, p.rank, tag, len(r.buf)))
+			return nil
+		}
+		if _, err := io.ReadFull(p.br, r.buf); err != nil {
+			r.complete(&PeerError{Rank: p.rank, Err: err})
+			return err
+		}
+		r.complete(nil)
+		return nil
+	}
+	if n > uint64(m.cfg.MaxMessage) {
+		m.mu.Unlock()
+		return fmt.Errorf("unexpected message of %d bytes exceeds the %d-byte limit", n, m.cfg.MaxMessage)
+	}
+	mg := m.msgPool.Get().(*msg)
+	mg.src, mg.tag, mg.ready, mg.waiter, mg.err = p.rank, tag, false, nil, nil
+	m.arrivals++
+	mg.seq = m.arrivals
+	l := m.unexpected[k]
+	l.push(mg)
+	m.unexpected[k] = l
+	m.mu.Unlock()
+	buf := m.pool.Get(int(n))
+	_, rerr := io.ReadFull(p.br, buf)
+	m.mu.Lock()
+	mg.buf, mg.ready = buf, true
+	if rerr != nil {
+		mg.err = &PeerError{Rank: p.rank, Err: rerr}
+	}
+	w := mg.waiter
+	m.mu.Unlock()
+	if w != nil {
+		m.fill(w, mg)
+	}
+	return rerr
+}
+
+// fill completes r from an unexpected message that left the queue.
+func (m *Mesh) fill(r *Req, mg *msg) {
+	var err error
+	switch {
+	case mg.err != nil:
+		err = mg.err
+	case len(mg.buf) != len(r.buf):
+		err = fmt.Errorf("%w: %d bytes from rank %d, tag %d, for a %d-byte receive", ErrSize, len(mg.buf), mg.src, mg.tag, len(r.buf))
+	default:
+		copy(r.buf, mg.buf)
+	}
+	r.src = mg.src
+	m.pool.Put(mg.buf)
+	*mg = msg{}
+	m.msgPool.Put(mg)
+	r.complete(err)
+}
+
+// Irecv implements coll.Transport.
+func (m *Mesh) Irecv(peer int, tag uint64, buf []byte) coll.Request {
+	return m.irecv(peer, tag, buf)
+}
+
+// IrecvAny posts a receive from whichever rank sends first under tag. The
+// returned request's Source names that rank after Wait.
+func (m *Mesh) IrecvAny(tag uint64, buf []byte) *Req {
+	return m.irecv(-1, tag, buf)
+}
+
+func (m *Mesh) irecv(peer int, tag uint64, buf []byte) *Req {
+	r := m.reqPool.Get().(*Req)
+	r.peer, r.tag, r.buf, r.src, r.err, r.next = peer, tag, buf, peer, nil, nil
+	m.mu.Lock()
+	if peer == m.rank || peer >= m.size || peer < -1 {
+		m.mu.Unlock()
+		r.state = stateClaimed
+		r.complete(fmt.Errorf("tcpmesh: receive from invalid rank %d", peer))
+		return r
+	}
+	if m.broken != nil {
+		err := m.broken
+		m.mu.Unlock()
+		r.state = stateClaimed
+		r.complete(err)
+		return r
+	}
+	var mg *msg
+	if peer >= 0 {
+		mg = popMsg(m.unexpected, key{peer, tag})
+	} else { // the earliest arrival from any peer
+		best := -1
+		var seq uint64
+		for p := range m.size {
+			if l, ok := m.unexpected[key{p, tag}]; ok && (best < 0 || l.head.seq < seq) {
+				best, seq = p, l.head.seq
+			}
+		}
+		if best >= 0 {
+			mg = popMsg(m.unexpected, key{best, tag})
+		}
+	}
+	if mg != nil {
+		r.state = stateClaimed
+		if !mg.ready {
+			mg.waiter = r // the reader completes r when the payload is in
+			m.mu.Unlock()
+			return r
+		}
+		m.mu.Unlock()
+		m.fill(r, mg)
+		return r
+	}
+	r.state = statePosted
+	if peer >= 0 {
+		pushReq(m.posted, key{peer, tag}, r)
+	} else {
+		pushReq(m.anyPosted, tag, r)
+	}
+	m.mu.Unlock()
+	return r
+}
+
+// fail breaks the mesh with err (the first error wins) and fails every
+// posted receive.
+func (m *Mesh) fail(err error) {
+	m.mu.Lock()
+	if m.broken == nil {
+		m.broken = err
+	}
+	err = m.broken
+	var victims []*Req
+	for _, l := range m.posted {
+		for r := l.pop(); r != nil; r = l.pop() {
+			r.state = stateClaimed
+			victims = append(victims, r)
+		}
+	}
+	clear(m.posted)
+	for _, l := range m.anyPosted {
+		for r := l.pop(); r != nil; r = l.pop() {
+			r.state = stateClaimed
+			victims = append(victims, r)
+		}
+	}
+	clear(m.anyPosted)
+	m.mu.Unlock()
+	for _, r := range victims {
+		r.complete(err)
+	}
+}
+
+// Abort breaks the mesh with err at once: pending and later receives and
+// sends fail with it, and the connections are closed.
+func (m *Mesh) Abort(err error) {
+	m.fail(err)
+	for _, p := range m.peers {
+		if p != nil {
+			_ = p.conn.Close()
+		}
+	}
+}
+
+// Close shuts the connections down and waits for the readers to exit.
+// Pending receives fail with ErrClosed.
+func (m *Mesh) Close() error {
+	m.fail(ErrClosed)
+	for _, p := range m.peers {
+		if p != nil {
+			_ = p.conn.CloseWrite() // FIN after what is queued, rather than a reset
+			_ = p.conn.Close()
+		}
+	}
+	m.readers.Wait()
+	return nil
+}
+
+const (
+	statePosted = iota + 1
+	stateClaimed
+	stateDone
+)
+
+// Req is a posted receive (coll.Request). Requests are recycled: after
+// Wait or Cancel returns, the Req must not be used again.
+type Req struct {
+	m     *Mesh
+	peer  int
+	tag   uint64
+	buf   []byte
+	state int // guarded by m.mu while posted
+	src   int
+	err   error
+	done  chan struct{}
+	next  *Req
+}
+
+func (r *Req) complete(err error) {
+	r.err = err
+	r.done <- struct{}{}
+}
+
+// Source is the rank the message came from; valid once Wait returned nil.
+func (r *Req) Source() int { return r.src }
+
+// Wait implements coll.Request.
+func (r *Req) Wait(ctx context.Context) error {
+	select {
+	case <-r.done:
+		return r.release()
+	default:
+	}
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		if r.withdraw() {
+			r.m.reqPool.Put(r.reset())
+			return fmt.Errorf("tcpmesh: receive from rank %d, tag %d: %w", r.peer, r.tag, ctx.Err())
+		}
+		<-r.done // matched already: the reader is filling the buffer
+	}
+	return r.release()
+}
+
+// WaitSource is Wait for a receive from any rank: it also returns the
+// source.
+func (r *Req) WaitSource(ctx context.Context) (int, error) {
+	src := -1
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		if r.withdraw() {
+			r.m.reqPool.Put(r.reset())
+			return -1, fmt.Errorf("tcpmesh: receive from any rank, tag %d: %w", r.tag, ctx.Err())
+		}
+		<-r.done
+	}
+	src = r.src
+	return src, r.release()
+}
+
+// Cancel implements coll.Request.
+func (r *Req) Cancel() {
+	select {
+	case <-r.done:
+	default:
+		if r.withdraw() {
+			r.m.reqPool.Put(r.reset())
+			return
+		}
+		<-r.done
+	}
+	_ = r.release()
+}
+
+// withdraw removes a still-posted receive from its queue; it reports false
+// when a message has matched it already.
+func (r *Req) withdraw() bool {
+	m := r.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r.state != statePosted {
+		return false
+	}
+	if r.peer >= 0 {
+		removeReq(m.posted, key{r.peer, r.tag}, r)
+	} else {
+		removeReq(m.anyPosted, r.tag, r)
+	}
+	r.state = stateDone
+	return true
+}
+
+func (r *Req) release() error {
+	err := r.err
+	r.m.reqPool.Put(r.reset())
+	return err
+}
+
+func (r *Req) reset() *Req {
+	r.buf, r.err, r.next, r.state = nil, nil, nil, 0
+	return r
+}
+
+type reqList struct{ head, tail *Req }
+
+// popReq, pushReq, removeReq and popMsg edit the FIFO of one key, deleting
+// it when it empties so that the maps do not grow with every op's tag.
+func popReq[K comparable](mp map[K]reqList, k K) *Req {
+	l, ok := mp[k]
+	if !ok {
+		return nil
+	}
+	r := l.pop()
+	if l.head == nil {
+		delete(mp, k)
+	} else {
+		mp[k] = l
+	}
+	return r
+}
+
+func pushReq[K comparable](mp map[K]reqList, k K, r *Req) {
+	l := mp[k]
+	l.push(r)
+	mp[k] = l
+}
+
+func removeReq[K comparable](mp map[K]reqList, k K, r *Req) {
+	l := mp[k]
+	l.remove(r)
+	if l.head == nil {
+		delete(mp, k)
+	} else {
+		mp[k] = l
+	}
+}
+
+func popMsg(mp map[key]msgList, k key) *msg {
+	l, ok := mp[k]
+	if !ok {
+		return nil
+	}
+	mg := l.pop()
+	if l.head == nil {
+		delete(mp, k)
+	} else {
+		mp[k] = l
+	}
+	return mg
+}
+
+func (l *reqList) push(r *Req) {
+	r.next = nil
+	if l.tail == nil {
+		l.head, l.tail = r, r
+		return
+	}
+	l.tail.next = r
+	l.tail = r
+}
+
+func (l *reqList) pop() *Req {
+	if l == nil || l.head == nil {
+		return nil
+	}
+	r := l.head
+	l.head = r.next
+	if l.head == nil {
+		l.tail = nil
+	}
+	r.next = nil
+	return r
+}
+
+func (l *reqList) remove(r *Req) {
+	var prev *Req
+	for c := l.head; c != nil; prev, c = c, c.next {
+		if c == r {
+			if prev == nil {
+				l.head = c.next
+			} else {
+				prev.next = c.next
+			}
+			if l.tail == c {
+				l.tail = prev
+			}
+			c.next = nil
+			return
+		}
+	}
+}
+
+// msg is a message that arrived before its receive was posted.
+type msg struct {
+	src    int
+	tag    uint64
+	seq    uint64
+	buf    []byte
+	ready  bool
+	err    error
+	waiter *Req
+	next   *msg
+}
+
+type msgList struct{ head, tail *msg }
+
+func (l *msgList) push(mg *msg) {
+	mg.next = nil
+	if l.tail == nil {
+		l.head, l.tail = mg, mg
+		return
+	}
+	l.tail.next = mg
+	l.tail = mg
+}
+
+func (l *msgList) pop() *msg {
+	if l == nil || l.head == nil {
+		return nil
+	}
+	mg := l.head
+	l.head = mg.next
+	if l.head == nil {
+		l.tail = nil
+	}
+	mg.next = nil
+	return mg
+}
