@@ -108,7 +108,7 @@ type Mesh struct {
 	pool  *coll.Pool
 
 	mu         sync.Mutex
-	posted     map[key]reqList    // lists by value: no allocation per tag
+	posted     map[key]reqList // lists by value: no allocation per tag
 	anyPosted  map[uint64]reqList
 	unexpected map[key]msgList
 	arrivals   uint64 // arrival counter, orders unexpected messages for anysource
