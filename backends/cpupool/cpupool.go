@@ -1,0 +1,534 @@
+// Package cpupool is gocoll's CPU backend, in the role of PyTorch's Gloo
+// backend: collectives on host tensors, run by a pool of worker goroutines
+// over a full mesh of TCP connections between the ranks.
+//
+// Link it with a blank import; it registers itself as "cpupool":
+//
+//	import _ "github.com/gocoll/gocoll/backends/cpupool"
+//
+// Ordering. The op's tag (the number of collectives issued so far) is taken
+// on the caller's goroutine when the op is issued, so ops that run
+// concurrently on different workers never mix on the wire, as long as every
+// rank issues its collectives in the same order (the c10d contract). Sends
+// to one peer leave in issue order; receives are posted in issue order.
+//
+// Works. Every op returns at once with a Work that a worker completes. Wait
+// blocks the host until then; the op's own timeout (Meta.Timeout, measured
+// from issue) bounds it. A timed-out collective fails with ErrTimeout
+// naming the ranks that had not issued it (each peer is asked how many
+// collectives it has issued). A dead peer fails every pending work with
+// ErrRemote naming it, at once; the backend is unusable afterwards, as a
+// Gloo context is.
+//
+// Algorithms live in internal/coll: recursive doubling for small
+// allreduces, pipelined ring reduce-scatter + all-gather for large ones,
+// binomial trees for broadcast, reduce, gather and scatter, pairwise
+// exchange for all-to-all, a dissemination barrier that first waits for
+// every earlier work, and Gloo's monitored barrier.
+package cpupool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/coll"
+	"github.com/gocoll/gocoll/internal/tcpmesh"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// Name is the registered backend name.
+const Name = "cpupool"
+
+// Environment variables read when the matching option is left zero.
+const (
+	// EnvSocketIfname names the network interface whose first IPv4 address
+	// peers dial (PyTorch's GLOO_SOCKET_IFNAME, also accepted).
+	EnvSocketIfname = "GOCOLL_SOCKET_IFNAME"
+	// EnvThreads sets Options.Threads.
+	EnvThreads = "GOCOLL_CPUPOOL_THREADS"
+)
+
+// Options are cpupool's backend options (backend.Config.Options, as
+// *Options or Options). The zero value is the defaults.
+type Options struct {
+	// Threads is the number of worker goroutines that run collectives
+	// (default 2, as Gloo's; GOCOLL_CPUPOOL_THREADS).
+	Threads int
+	// Host is the address peers connect to. Default: the first IPv4 address
+	// of GOCOLL_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME); else the host name's
+	// address when it is local; else 127.0.0.1, as Gloo falls back.
+	Host string
+	// ConnectTimeout bounds building the mesh, on every rank (default: the
+	// group timeout, or 5 minutes).
+	ConnectTimeout time.Duration
+	// SegmentBytes is the piece large messages are cut into so that sending,
+	// receiving and reducing overlap (default 512 KiB).
+	SegmentBytes int
+	// SmallBytes is the size up to which allreduce uses recursive doubling
+	// rather than the ring (default 256 KiB).
+	SmallBytes int
+	// Window is how many segment receives are posted ahead (default 4).
+	Window int
+	// MaxMessageBytes bounds a message that arrives before its receive is
+	// posted (default 4 GiB).
+	MaxMessageBytes int64
+}
+
+func init() {
+	backend.Register(backend.Driver{Name: Name, Devices: []tensor.DeviceType{tensor.CPU}, New: New})
+}
+
+// Backend is the cpupool backend of one group.
+type Backend struct {
+	backend.Unimplemented
+
+	cfg  backend.Config
+	opts Options
+	mesh *tcpmesh.Mesh
+	comm *coll.Comm
+	pool coll.Pool
+
+	issued atomic.Uint64 // collectives issued; the next one's tag is issued+1
+	q      queue
+	wg     sync.WaitGroup
+
+	mu          sync.Mutex
+	outstanding []backend.Work
+	stopped     error // set by Close (ErrClosed) or Abort
+	senders     []*sender
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New is the backend.Factory of cpupool: it connects the mesh through
+// cfg.Store and starts the workers.
+func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+	var opts Options
+	switch o := cfg.Options.(type) {
+	case nil:
+	case Options:
+		opts = o
+	case *Options:
+		if o != nil {
+			opts = *o
+		}
+	default:
+		return nil, fmt.Errorf("%w: cpupool: options of type %T (want *cpupool.Options)", backend.ErrInvalidArgument, cfg.Options)
+	}
+	if err := opts.fill(cfg); err != nil {
+		return nil, err
+	}
+	b := &Backend{cfg: cfg, opts: opts}
+	b.q.cond.L = &b.q.mu
+	mesh, err := tcpmesh.Connect(ctx, tcpmesh.Config{
+		Rank: cfg.Rank, Size: cfg.WorldSize, Store: cfg.Store, Host: opts.Host,
+		ConnectTimeout: opts.ConnectTimeout, MaxMessage: opts.MaxMessageBytes, Pool: &b.pool,
+		OnProbe: func() uint64 { return b.issued.Load() },
+	})
+	if err != nil {
+		return nil, &backend.OpError{Op: "init", Rank: cfg.Rank, Backend: Name, Kind: backend.ErrUnavailable, Err: err}
+	}
+	b.mesh = mesh
+	b.comm = &coll.Comm{T: mesh, Pool: &b.pool, Segment: opts.SegmentBytes, Window: opts.Window, Small: opts.SmallBytes}
+	for range opts.Threads {
+		b.wg.Add(1)
+		go b.worker()
+	}
+	b.senders = make([]*sender, cfg.WorldSize)
+	for p := range b.senders {
+		if p != cfg.Rank {
+			s := &sender{}
+			s.cond.L = &s.mu
+			b.senders[p] = s
+			b.wg.Add(1)
+			go b.sendLoop(p, s)
+		}
+	}
+	return b, nil
+}
+
+func (o *Options) fill(cfg backend.Config) error {
+	if o.Threads == 0 {
+		if v := os.Getenv(EnvThreads); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return fmt.Errorf("%w: %s=%q: want a positive integer", backend.ErrInvalidArgument, EnvThreads, v)
+			}
+			o.Threads = n
+		}
+	}
+	if o.Threads == 0 {
+		o.Threads = 2
+	}
+	if o.Threads < 0 || o.SegmentBytes < 0 || o.SmallBytes < 0 || o.Window < 0 || o.MaxMessageBytes < 0 || o.ConnectTimeout < 0 {
+		return fmt.Errorf("%w: cpupool: negative option in %+v", backend.ErrInvalidArgument, *o)
+	}
+	if o.ConnectTimeout == 0 {
+		o.ConnectTimeout = cfg.Timeout
+		if o.ConnectTimeout <= 0 {
+			o.ConnectTimeout = 5 * time.Minute
+		}
+	}
+	if o.Host == "" {
+		h, err := defaultHost()
+		if err != nil {
+			return err
+		}
+		o.Host = h
+	}
+	return nil
+}
+
+// defaultHost picks the address peers dial; see Options.Host.
+func defaultHost() (string, error) {
+	name := os.Getenv(EnvSocketIfname)
+	if name == "" {
+		name = os.Getenv("GLOO_SOCKET_IFNAME")
+	}
+	if name != "" {
+		ifi, err := net.InterfaceByName(name)
+		if err != nil {
+			return "", fmt.Errorf("%w: %s=%q: %v", backend.ErrInvalidArgument, EnvSocketIfname, name, err)
+		}
+		addrs, _ := ifi.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+				return ipn.IP.String(), nil
+			}
+		}
+		return "", fmt.Errorf("%w: %s=%q has no IPv4 address", backend.ErrInvalidArgument, EnvSocketIfname, name)
+	}
+	if hn, err := os.Hostname(); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if ips, err := net.DefaultResolver.LookupIPAddr(ctx, hn); err == nil {
+			local, _ := net.InterfaceAddrs()
+			for _, ip := range ips {
+				if ip.IP.To4() == nil {
+					continue
+				}
+				for _, a := range local {
+					if ipn, ok := a.(*net.IPNet); ok && ipn.IP.Equal(ip.IP) {
+						return ip.IP.String(), nil
+					}
+				}
+			}
+		}
+	}
+	return "127.0.0.1", nil
+}
+
+// Name implements backend.Core.
+func (b *Backend) Name() string { return Name }
+
+// Capabilities implements backend.Core.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		Devices:           []tensor.DeviceType{tensor.CPU},
+		DTypes:            tensor.DTypes(),
+		BitwiseReductions: true,
+		Timing:            true,
+		UnevenSizes:       true,
+	}
+}
+
+// Rank implements backend.Core.
+func (b *Backend) Rank() int { return b.cfg.Rank }
+
+// Size implements backend.Core.
+func (b *Backend) Size() int { return b.cfg.WorldSize }
+
+// Options returns the options in effect, defaults filled in.
+func (b *Backend) Options() Options { return b.opts }
+
+// Close implements backend.Core: it waits (bounded by ctx) for the issued
+// ops, then stops the workers and closes the connections.
+func (b *Backend) Close(ctx context.Context) error {
+	b.mu.Lock()
+	if b.stopped != nil {
+		b.mu.Unlock()
+		return nil
+	}
+	b.stopped = backend.ErrClosed
+	works := append([]backend.Work(nil), b.outstanding...)
+	b.mu.Unlock()
+	var err error
+	for _, w := range works {
+		if werr := w.WaitHost(ctx); werr != nil && ctx.Err() != nil {
+			err = fmt.Errorf("cpupool: close: %w", ctx.Err())
+			break
+		}
+	}
+	b.shutdown(&backend.OpError{Op: "close", Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrClosed})
+	return err
+}
+
+// Abort implements backend.Core: pending works fail with ErrAborted
+// wrapping reason, at once; later ops fail with it too.
+func (b *Backend) Abort(ctx context.Context, reason error) error {
+	if reason == nil {
+		reason = errors.New("abort requested")
+	}
+	aerr := &backend.OpError{Op: "abort", Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrAborted, Err: reason}
+	b.mu.Lock()
+	if b.stopped == nil || errors.Is(b.stopped, backend.ErrClosed) {
+		b.stopped = aerr
+	}
+	works := append([]backend.Work(nil), b.outstanding...)
+	b.mu.Unlock()
+	b.mesh.Abort(aerr)
+	for _, w := range works {
+		w.Abort(reason)
+	}
+	b.shutdown(aerr)
+	return nil
+}
+
+func (b *Backend) shutdown(err error) {
+	b.q.close(err)
+	for _, s := range b.senders {
+		if s != nil {
+			s.close()
+		}
+	}
+	_ = b.mesh.Close()
+	b.wg.Wait()
+}
+
+// queue is the unbounded FIFO of collectives waiting for a worker; 1000
+// ops in flight must not block the caller.
+type queue struct {
+	mu     sync.Mutex
+	cond   sync.Cond
+	items  []*job
+	head   int
+	closed error
+}
+
+func (q *queue) push(j *job) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed != nil {
+		return false
+	}
+	q.items = append(q.items, j)
+	q.cond.Signal()
+	return true
+}
+
+func (q *queue) pop() *job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for q.head == len(q.items) && q.closed == nil {
+		q.cond.Wait()
+	}
+	if q.head == len(q.items) {
+		return nil
+	}
+	j := q.items[q.head]
+	q.items[q.head] = nil
+	q.head++
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	}
+	return j
+}
+
+// close stops the workers; queued jobs fail with err.
+func (q *queue) close(err error) {
+	q.mu.Lock()
+	q.closed = err
+	rest := q.items[q.head:]
+	q.items, q.head = nil, 0
+	q.cond.Broadcast()
+	q.mu.Unlock()
+	for _, j := range rest {
+		j.w.Complete(nil, err)
+		j.cancel()
+	}
+}
+
+type job struct {
+	op      backend.Op
+	seq     uint64
+	tag     uint64
+	peer    int // the peer of a p2p op, else -1
+	ctx     context.Context
+	cancel  context.CancelFunc
+	timeout time.Duration
+	w       *backend.HostWork
+	outputs []*tensor.Tensor
+	run     func(ctx context.Context, tag uint64) error
+}
+
+func (b *Backend) worker() {
+	defer b.wg.Done()
+	for {
+		j := b.q.pop()
+		if j == nil {
+			return
+		}
+		b.runJob(j)
+	}
+}
+
+func (b *Backend) runJob(j *job) {
+	j.w.MarkStarted()
+	err := j.run(j.ctx, j.tag)
+	if err != nil {
+		err = b.wrap(j, err)
+	}
+	j.cancel()
+	j.w.Complete(j.outputs, err)
+}
+
+// timeoutOf resolves an op's timeout: the dispatcher's, the option's, the
+// group's, then 30 minutes (PyTorch's default).
+func (b *Backend) timeoutOf(m backend.Meta, opt time.Duration) time.Duration {
+	for _, d := range []time.Duration{m.Timeout, opt, b.cfg.Timeout} {
+		if d > 0 {
+			return d
+		}
+	}
+	return 30 * time.Minute
+}
+
+func (b *Backend) usable(op backend.Op, seq uint64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped != nil {
+		return &backend.OpError{Op: op.String(), Seq: seq, Rank: b.cfg.Rank, Backend: Name, Kind: kindOf(b.stopped), Err: b.stopped}
+	}
+	if err := b.mesh.Err(); err != nil {
+		return b.wrap(&job{op: op, seq: seq}, err)
+	}
+	return nil
+}
+
+func kindOf(err error) error {
+	if errors.Is(err, backend.ErrAborted) {
+		return backend.ErrAborted
+	}
+	return backend.ErrClosed
+}
+
+// newJob builds the job and Work of an op; the caller takes the tag.
+func (b *Backend) newJob(ctx context.Context, op backend.Op, m backend.Meta, opt time.Duration, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) *job {
+	to := b.timeoutOf(m, opt)
+	jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), to)
+	j := &job{op: op, seq: m.Seq, peer: -1, ctx: jctx, cancel: cancel, timeout: to, outputs: outputs, run: run}
+	j.w = backend.NewHostWork(m.Seq, true, func(error) { cancel() })
+	return j
+}
+
+// track records w for barriers and Close, dropping completed works.
+func (b *Backend) track(w backend.Work) []backend.Work {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	live := b.outstanding[:0]
+	for _, o := range b.outstanding {
+		if !o.IsCompleted() {
+			live = append(live, o)
+		}
+	}
+	clear(b.outstanding[len(live):])
+	earlier := append([]backend.Work(nil), live...)
+	b.outstanding = append(live, w)
+	return earlier
+}
+
+// collective issues a collective: it takes the tag on the caller's
+// goroutine and queues the job for the workers.
+func (b *Backend) collective(ctx context.Context, op backend.Op, m backend.Meta, opt time.Duration, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) (backend.Work, error) {
+	if err := b.usable(op, m.Seq); err != nil {
+		return nil, err
+	}
+	j := b.newJob(ctx, op, m, opt, outputs, run)
+	j.tag = b.issued.Add(1)
+	b.track(j.w)
+	if !b.q.push(j) {
+		j.cancel()
+		return nil, b.usable(op, m.Seq)
+	}
+	return j.w, nil
+}
+
+// wrap turns an algorithm's error into an *OpError of the right kind.
+func (b *Backend) wrap(j *job, err error) error {
+	var oe *backend.OpError
+	if errors.As(err, &oe) && oe.Op == j.op.String() {
+		return err
+	}
+	e := &backend.OpError{Op: j.op.String(), Seq: j.seq, Rank: b.cfg.Rank, Backend: Name, Err: err}
+	var pe *tcpmesh.PeerError
+	var late *coll.LateRanksError
+	var arb *coll.ArbiterError
+	switch {
+	case errors.As(err, &late):
+		e.Kind, e.Ranks, e.Timeout, e.Err = backend.ErrTimeout, late.Ranks, late.Timeout, nil
+		e.Detail = late.Error()
+	case errors.As(err, &arb) && !errors.As(err, &pe):
+		e.Kind, e.Ranks = backend.ErrRemote, []int{0}
+	case errors.Is(err, backend.ErrAborted):
+		e.Kind = backend.ErrAborted
+	case errors.Is(err, tcpmesh.ErrClosed):
+		e.Kind = backend.ErrClosed
+	case errors.As(err, &pe):
+		e.Kind, e.Ranks = backend.ErrRemote, []int{pe.Rank}
+	case errors.Is(err, tcpmesh.ErrSize):
+		e.Kind = backend.ErrInvalidArgument
+		e.Detail = "the ranks passed tensors of different sizes"
+	case j.ctx != nil && errors.Is(j.ctx.Err(), context.DeadlineExceeded):
+		e.Kind, e.Timeout = backend.ErrTimeout, j.timeout
+		e.Ranks = b.lateRanks(j)
+		if len(e.Ranks) > 0 {
+			e.Detail = "ranks that never joined (found by asking each peer how many collectives it issued)"
+		}
+	case j.ctx != nil && errors.Is(j.ctx.Err(), context.Canceled):
+		e.Kind = backend.ErrAborted
+	default:
+		e.Kind = backend.ErrRemote
+	}
+	return e
+}
+
+// lateRanks asks every peer how many collectives it has issued; those that
+// have not issued j yet, or do not answer within a second, are late. P2P
+// ops name their peer instead (peer holds it).
+func (b *Backend) lateRanks(j *job) []int {
+	if j.tag == 0 || j.tag >= p2pBit {
+		if j.tag >= p2pBit && j.peer >= 0 {
+			return []int{j.peer}
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	late := make([]bool, b.cfg.WorldSize)
+	var wg sync.WaitGroup
+	for p := range b.cfg.WorldSize {
+		if p == b.cfg.Rank {
+			continue
+		}
+		wg.Go(func() {
+			n, err := b.mesh.Probe(ctx, p)
+			late[p] = err != nil || n < j.tag
+		})
+	}
+	wg.Wait()
+	var out []int
+	for p, l := range late {
+		if l {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,207 @@
+package cpupool_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/backends/cpupool"
+	"github.com/gocoll/gocoll/store"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// group starts n cpupool backends, goroutines of this process, over a
+// HashStore and real TCP.
+func group(t *testing.T, n int, opts *cpupool.Options) []backend.Backend {
+	t.Helper()
+	st := store.NewHashStore()
+	bs := make([]backend.Backend, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			bs[r], errs[r] = cpupool.New(context.Background(), backend.Config{Store: st, Rank: r, WorldSize: n, Timeout: 20 * time.Second, Options: opts})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, b := range bs {
+			_ = b.Close(context.Background())
+		}
+	})
+	return bs
+}
+
+func each(t *testing.T, bs []backend.Backend, f func(r int, b backend.Backend) error) {
+	t.Helper()
+	errs := make([]error, len(bs))
+	var wg sync.WaitGroup
+	for r, b := range bs {
+		wg.Go(func() { errs[r] = f(r, b) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestOps(t *testing.T) {
+	ctx := context.Background()
+	const n = 3
+	bs := group(t, n, nil)
+	each(t, bs, func(r int, b backend.Backend) error {
+		x, _ := tensor.FromSlice([]float32{float32(r), 1, 2})
+		w, err := b.Allreduce(ctx, backend.Meta{}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+		if err != nil {
+			return err
+		}
+		if err := w.Wait(ctx); err != nil {
+			return err
+		}
+		if got, _ := tensor.ToSlice[float32](x); got[0] != 3 || got[1] != 3 || got[2] != 6 {
+			return fmt.Errorf("allreduce: %v", got)
+		}
+		h, _ := tensor.FromFloat64s(tensor.Float16, []float64{float64(r), 0.5})
+		if w, err = b.Allreduce(ctx, backend.Meta{}, []*tensor.Tensor{h}, backend.AllreduceOptions{ReduceOp: backend.AVG}); err != nil {
+			return err
+		}
+		if err := w.Wait(ctx); err != nil {
+			return err
+		}
+		if got, _ := h.Float64s(); got[0] != 1 || got[1] != 0.5 {
+			return fmt.Errorf("fp16 avg: %v", got)
+		}
+		in, _ := tensor.FromSlice([]int32{int32(r)})
+		out := tensor.New(tensor.Int32, n)
+		if w, err = b.AllgatherIntoTensor(ctx, backend.Meta{}, out, in, backend.AllgatherIntoTensorOptions{}); err != nil {
+			return err
+		}
+		if err := w.Wait(ctx); err != nil {
+			return err
+		}
+		if got, _ := tensor.ToSlice[int32](out); got[0] != 0 || got[2] != 2 {
+			return fmt.Errorf("allgather: %v", got)
+		}
+		// send/recv ring with a user tag, and recv_anysource on rank 0
+		st, _ := tensor.FromSlice([]int64{int64(r)})
+		rt := tensor.New(tensor.Int64, 1)
+		sw, err := b.Send(ctx, backend.Meta{}, []*tensor.Tensor{st}, (r+1)%n, backend.SendOptions{Tag: 7})
+		if err != nil {
+			return err
+		}
+		rw, err := b.Recv(ctx, backend.Meta{}, []*tensor.Tensor{rt}, (r+n-1)%n, backend.RecvOptions{Tag: 7})
+		if err != nil {
+			return err
+		}
+		if err := errors.Join(sw.Wait(ctx), rw.Wait(ctx)); err != nil {
+			return err
+		}
+		if got, _ := tensor.ToSlice[int64](rt); got[0] != int64((r+n-1)%n) {
+			return fmt.Errorf("recv: %v", got)
+		}
+		if r == 2 {
+			if sw, err = b.Send(ctx, backend.Meta{}, []*tensor.Tensor{st}, 0, backend.SendOptions{Tag: 9}); err != nil {
+				return err
+			}
+			if err := sw.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		if r == 0 {
+			aw, err := b.RecvAnysource(ctx, backend.Meta{}, []*tensor.Tensor{rt}, backend.RecvAnysourceOptions{Tag: 9})
+			if err != nil {
+				return err
+			}
+			if err := aw.Wait(ctx); err != nil {
+				return err
+			}
+			if src, err := aw.(backend.SourceRanker).SourceRank(); err != nil || src != 2 {
+				return fmt.Errorf("anysource: %d %v", src, err)
+			}
+		}
+		bw, err := b.Barrier(ctx, backend.Meta{}, backend.BarrierOptions{})
+		if err != nil {
+			return err
+		}
+		return bw.Wait(ctx)
+	})
+}
+
+func TestTimeoutNamesLateRank(t *testing.T) {
+	ctx := context.Background()
+	bs := group(t, 3, nil)
+	start := time.Now()
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 { // rank 2 never joins
+		wg.Go(func() {
+			x := tensor.New(tensor.Float32, 4)
+			w, err := bs[r].Allreduce(ctx, backend.Meta{Timeout: 500 * time.Millisecond}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			errs[r] = w.Wait(ctx)
+		})
+	}
+	wg.Wait()
+	if el := time.Since(start); el > 1500*time.Millisecond {
+		t.Errorf("took %v", el)
+	}
+	for r, err := range errs {
+		var oe *backend.OpError
+		if !errors.Is(err, backend.ErrTimeout) || !errors.As(err, &oe) || len(oe.Ranks) != 1 || oe.Ranks[0] != 2 {
+			t.Errorf("rank %d: want ErrTimeout naming rank 2, got %v", r, err)
+		}
+	}
+}
+
+func TestPeerDeathIsRemoteError(t *testing.T) {
+	ctx := context.Background()
+	bs := group(t, 3, nil)
+	x := tensor.New(tensor.Float32, 1<<16)
+	w0, err := bs[0].Allreduce(ctx, backend.Meta{Timeout: time.Minute}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	_ = bs[2].Abort(ctx, errors.New("simulated crash"))
+	done := make(chan error, 1)
+	go func() { done <- w0.Wait(ctx) }()
+	select {
+	case err := <-done:
+		var oe *backend.OpError
+		if !errors.Is(err, backend.ErrRemote) || !errors.As(err, &oe) || len(oe.Ranks) == 0 {
+			t.Fatalf("want ErrRemote naming a rank, got %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("hang after peer death")
+	}
+}
+
+func TestAbortFailsPending(t *testing.T) {
+	ctx := context.Background()
+	bs := group(t, 2, nil)
+	x := tensor.New(tensor.Float32, 8)
+	w, err := bs[0].Allreduce(ctx, backend.Meta{}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.IsCompleted() {
+		t.Fatal("completed without the peer")
+	}
+	_ = bs[0].Abort(ctx, errors.New("test abort"))
+	if err := w.Wait(ctx); !errors.Is(err, backend.ErrAborted) {
+		t.Fatalf("want ErrAborted, got %v", err)
+	}
+	if _, err := bs[0].Allreduce(ctx, backend.Meta{}, []*tensor.Tensor{x}, backend.AllreduceOptions{}); !errors.Is(err, backend.ErrAborted) {
+		t.Fatalf("after abort: %v", err)
+	}
+}

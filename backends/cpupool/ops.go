@@ -1,0 +1,698 @@
+package cpupool
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/coll"
+	"github.com/gocoll/gocoll/internal/reduce"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// The dispatcher has checked the arguments against spec/ops.yaml; the
+// checks here are the ones it cannot make (host memory, this rank's block
+// matching its input) and guard against direct callers.
+
+func (b *Backend) invalid(op backend.Op, m backend.Meta, format string, args ...any) error {
+	return &backend.OpError{Op: op.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Detail: fmt.Sprintf(format, args...)}
+}
+
+// host returns the bytes of host tensors, or an error for a device or
+// non-contiguous one.
+func (b *Backend) host(op backend.Op, m backend.Meta, ts ...*tensor.Tensor) ([][]byte, error) {
+	out := make([][]byte, len(ts))
+	for i, t := range ts {
+		if t == nil {
+			return nil, b.invalid(op, m, "nil tensor")
+		}
+		if t.Device().Type != tensor.CPU {
+			return nil, b.invalid(op, m, "unsupported device type %s: cpupool serves CPU tensors", t.Device())
+		}
+		if !t.IsContiguous() {
+			return nil, b.invalid(op, m, "Tensors must be contiguous")
+		}
+		out[i] = t.Bytes()
+	}
+	return out, nil
+}
+
+func flat(lists [][]*tensor.Tensor) []*tensor.Tensor {
+	var out []*tensor.Tensor
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	return out
+}
+
+func (b *Backend) kernel(op backend.Op, m backend.Meta, dt tensor.DType, r backend.ReduceOp) (reduce.Kernel, error) {
+	k, err := reduce.For(dt, r)
+	if err != nil {
+		return k, &backend.OpError{Op: op.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Err: err}
+	}
+	return k, nil
+}
+
+func (b *Backend) post(k reduce.Kernel, buf []byte, contributions int) {
+	if k.Post != nil {
+		k.Post(buf, contributions)
+	}
+}
+
+// Broadcast implements backend.Backend.
+func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.BroadcastOptions) (backend.Work, error) {
+	bufs, err := b.host(backend.OpBroadcast, m, tensors...)
+	if err != nil {
+		return nil, err
+	}
+	if len(bufs) == 0 || opts.RootTensor < 0 || opts.RootTensor >= len(bufs) {
+		return nil, b.invalid(backend.OpBroadcast, m, "invalid root tensor")
+	}
+	src := bufs[opts.RootTensor]
+	return b.collective(ctx, backend.OpBroadcast, m, opts.Timeout, tensors, func(ctx context.Context, tag uint64) error {
+		if err := coll.Broadcast(ctx, b.comm, tag, src, opts.RootRank); err != nil {
+			return err
+		}
+		for _, d := range bufs {
+			copy(d, src)
+		}
+		return nil
+	})
+}
+
+// Allreduce implements backend.Backend. Several tensors in the list are
+// reduced together, as Gloo does: every one of them gets the reduction of
+// all of them on all ranks.
+func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceOptions) (backend.Work, error) {
+	bufs, err := b.host(backend.OpAllreduce, m, tensors...)
+	if err != nil {
+		return nil, err
+	}
+	if len(bufs) == 0 {
+		return nil, b.invalid(backend.OpAllreduce, m, "requires non-empty tensor list")
+	}
+	k, err := b.kernel(backend.OpAllreduce, m, tensors[0].DType(), opts.ReduceOp)
+	if err != nil {
+		return nil, err
+	}
+	return b.collective(ctx, backend.OpAllreduce, m, opts.Timeout, tensors, func(ctx context.Context, tag uint64) error {
+		buf := bufs[0]
+		for _, o := range bufs {
+			if k.Pre != nil {
+				k.Pre(o)
+			}
+		}
+		for _, o := range bufs[1:] {
+			k.Combine(buf, o)
+		}
+		if err := coll.Allreduce(ctx, b.comm, tag, buf, k); err != nil {
+			return err
+		}
+		b.post(k, buf, b.cfg.WorldSize*len(bufs))
+		for _, o := range bufs[1:] {
+			copy(o, buf)
+		}
+		return nil
+	})
+}
+
+// pack concatenates bufs into one pooled buffer.
+func (b *Backend) pack(bufs [][]byte) []byte {
+	n := 0
+	for _, x := range bufs {
+		n += len(x)
+	}
+	out := b.pool.Get(n)
+	off := 0
+	for _, x := range bufs {
+		off += copy(out[off:], x)
+	}
+	return out
+}
+
+func unpack(packed []byte, bufs [][]byte) {
+	off := 0
+	for _, x := range bufs {
+		off += copy(x, packed[off:])
+	}
+}
+
+// AllreduceCoalesced implements backend.Backend: the tensors travel as one
+// packed buffer.
+func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceCoalescedOptions) (backend.Work, error) {
+	bufs, err := b.host(backend.OpAllreduceCoalesced, m, tensors...)
+	if err != nil {
+		return nil, err
+	}
+	if len(bufs) == 0 {
+		return nil, b.invalid(backend.OpAllreduceCoalesced, m, "requires non-empty tensor list")
+	}
+	k, err := b.kernel(backend.OpAllreduceCoalesced, m, tensors[0].DType(), opts.ReduceOp)
+	if err != nil {
+		return nil, err
+	}
+	return b.collective(ctx, backend.OpAllreduceCoalesced, m, opts.Timeout, tensors, func(ctx context.Context, tag uint64) error {
+		packed := b.pack(bufs)
+		defer b.pool.Put(packed)
+		if k.Pre != nil {
+			k.Pre(packed)
+		}
+		if err := coll.Allreduce(ctx, b.comm, tag, packed, k); err != nil {
+			return err
+		}
+		b.post(k, packed, b.cfg.WorldSize)
+		unpack(packed, bufs)
+		return nil
+	})
+}
+
+// Reduce implements backend.Backend.
+func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.ReduceOptions) (backend.Work, error) {
+	bufs, err := b.host(backend.OpReduce, m, tensors...)
+	if err != nil {
+		return nil, err
+	}
+	if len(bufs) == 0 || opts.RootTensor < 0 || opts.RootTensor >= len(bufs) {
+		return nil, b.invalid(backend.OpReduce, m, "invalid root tensor")
+	}
+	k, err := b.kernel(backend.OpReduce, m, tensors[0].DType(), opts.ReduceOp)
+	if err != nil {
+		return nil, err
+	}
+	return b.collective(ctx, backend.OpReduce, m, opts.Timeout, tensors, func(ctx context.Context, tag uint64) error {
+		buf := bufs[opts.RootTensor]
+		for _, o := range bufs {
+			if k.Pre != nil {
+				k.Pre(o)
+			}
+		}
+		for i, o := range bufs {
+			if i != opts.RootTensor {
+				k.Combine(buf, o)
+			}
+		}
+		if err := coll.Reduce(ctx, b.comm, tag, buf, k, opts.RootRank); err != nil {
+			return err
+		}
+		if b.cfg.Rank == opts.RootRank {
+			b.post(k, buf, b.cfg.WorldSize*len(bufs))
+		}
+		return nil
+	})
+}
+
+// Allgather implements backend.Backend; output sizes may differ per rank
+// (uneven all-gather) as long as every rank passes the same ones.
+func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherOptions) (backend.Work, error) {
+	op := backend.OpAllgather
+	if len(inputs) != 1 || len(outputs) != 1 || len(outputs[0]) != b.cfg.WorldSize {
+		return nil, b.invalid(op, m, "requires one input and one output list of world_size tensors")
+	}
+	in, err := b.host(op, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	blocks, err := b.host(op, m, outputs[0]...)
+	if err != nil {
+		return nil, err
+	}
+	if len(blocks[b.cfg.Rank]) != len(in[0]) {
+		return nil, b.invalid(op, m, "invalid tensor size: output %d has %d bytes, the input %d", b.cfg.Rank, len(blocks[b.cfg.Rank]), len(in[0]))
+	}
+	return b.collective(ctx, op, m, opts.Timeout, outputs[0], func(ctx context.Context, tag uint64) error {
+		copy(blocks[b.cfg.Rank], in[0])
+		return coll.Allgather(ctx, b.comm, tag, blocks)
+	})
+}
+
+// AllgatherIntoTensor implements backend.Backend.
+func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions) (backend.Work, error) {
+	op := backend.OpAllgatherIntoTensor
+	bs, err := b.host(op, m, output, input)
+	if err != nil {
+		return nil, err
+	}
+	out, in := bs[0], bs[1]
+	if len(out) != len(in)*b.cfg.WorldSize {
+		return nil, b.invalid(op, m, "output tensor size must be equal to world_size times input tensor size")
+	}
+	blocks := make([][]byte, b.cfg.WorldSize)
+	for i := range blocks {
+		blocks[i] = out[i*len(in) : (i+1)*len(in)]
+	}
+	return b.collective(ctx, op, m, opts.Timeout, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
+		copy(blocks[b.cfg.Rank], in)
+		return coll.Allgather(ctx, b.comm, tag, blocks)
+	})
+}
+
+// gatherPacked all-gathers the concatenation of ins from every rank and
+// hands unpack each rank's packed block.
+func (b *Backend) gatherPacked(ctx context.Context, tag uint64, ins [][]byte, each func(rank int, block []byte)) error {
+	n := b.cfg.WorldSize
+	own := b.pack(ins)
+	defer b.pool.Put(own)
+	S := len(own)
+	all := b.pool.Get(n * S)
+	defer b.pool.Put(all)
+	blocks := make([][]byte, n)
+	for i := range blocks {
+		blocks[i] = all[i*S : (i+1)*S]
+	}
+	copy(blocks[b.cfg.Rank], own)
+	if err := coll.Allgather(ctx, b.comm, tag, blocks); err != nil {
+		return err
+	}
+	for r, blk := range blocks {
+		each(r, blk)
+	}
+	return nil
+}
+
+// AllgatherCoalesced implements backend.Backend.
+func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions) (backend.Work, error) {
+	op := backend.OpAllgatherCoalesced
+	ins, err := b.host(op, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	if len(outputs) != len(inputs) {
+		return nil, b.invalid(op, m, "output list must have one entry per input tensor")
+	}
+	outs := make([][][]byte, len(outputs))
+	for i, l := range outputs {
+		if len(l) != b.cfg.WorldSize {
+			return nil, b.invalid(op, m, "invalid output tensor list: each entry needs world_size tensors of its input's size")
+		}
+		if outs[i], err = b.host(op, m, l...); err != nil {
+			return nil, err
+		}
+		for _, o := range outs[i] {
+			if len(o) != len(ins[i]) {
+				return nil, b.invalid(op, m, "invalid output tensor list: each entry needs world_size tensors of its input's size")
+			}
+		}
+	}
+	return b.collective(ctx, op, m, opts.Timeout, flat(outputs), func(ctx context.Context, tag uint64) error {
+		return b.gatherPacked(ctx, tag, ins, func(r int, blk []byte) {
+			off := 0
+			for i := range outs {
+				off += copy(outs[i][r], blk[off:])
+			}
+		})
+	})
+}
+
+// AllgatherIntoTensorCoalesced implements backend.Backend.
+func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions) (backend.Work, error) {
+	op := backend.OpAllgatherIntoTensorCoalesced
+	ins, err := b.host(op, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	outs, err := b.host(op, m, outputs...)
+	if err != nil {
+		return nil, err
+	}
+	if len(outs) != len(ins) {
+		return nil, b.invalid(op, m, "output and input lists must have the same length")
+	}
+	for i := range outs {
+		if len(outs[i]) != len(ins[i])*b.cfg.WorldSize {
+			return nil, b.invalid(op, m, "output tensor size must be equal to world_size times input tensor size")
+		}
+	}
+	return b.collective(ctx, op, m, opts.Timeout, outputs, func(ctx context.Context, tag uint64) error {
+		return b.gatherPacked(ctx, tag, ins, func(r int, blk []byte) {
+			off := 0
+			for i := range outs {
+				l := len(ins[i])
+				off += copy(outs[i][r*l:(r+1)*l], blk[off:])
+			}
+		})
+	})
+}
+
+// reduceScatterPacked reduce-scatters a packed buffer of n blocks with the
+// given sizes and returns this rank's reduced block (valid until free).
+func (b *Backend) reduceScatterPacked(ctx context.Context, tag uint64, k reduce.Kernel, sizes []int, fill func(packed []byte)) ([]byte, func(), error) {
+	total := 0
+	for _, s := range sizes {
+		total += s
+	}
+	packed := b.pool.Get(total)
+	free := func() { b.pool.Put(packed) }
+	fill(packed)
+	if k.Pre != nil {
+		k.Pre(packed)
+	}
+	blocks := make([][]byte, len(sizes))
+	off := 0
+	for i, s := range sizes {
+		blocks[i] = packed[off : off+s]
+		off += s
+	}
+	if err := coll.ReduceScatter(ctx, b.comm, tag, blocks, k); err != nil {
+		free()
+		return nil, nil, err
+	}
+	own := blocks[b.cfg.Rank]
+	b.post(k, own, b.cfg.WorldSize)
+	return own, free, nil
+}
+
+// ReduceScatter implements backend.Backend; block sizes may differ per
+// rank (uneven reduce-scatter) as long as every rank passes the same ones.
+func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ReduceScatterOptions) (backend.Work, error) {
+	op := backend.OpReduceScatter
+	if len(outputs) != 1 || len(inputs) != 1 || len(inputs[0]) != b.cfg.WorldSize {
+		return nil, b.invalid(op, m, "requires one output and one input list of world_size tensors")
+	}
+	out, err := b.host(op, m, outputs...)
+	if err != nil {
+		return nil, err
+	}
+	ins, err := b.host(op, m, inputs[0]...)
+	if err != nil {
+		return nil, err
+	}
+	if len(ins[b.cfg.Rank]) != len(out[0]) {
+		return nil, b.invalid(op, m, "invalid tensor size: input %d has %d bytes, the output %d", b.cfg.Rank, len(ins[b.cfg.Rank]), len(out[0]))
+	}
+	k, err := b.kernel(op, m, outputs[0].DType(), opts.ReduceOp)
+	if err != nil {
+		return nil, err
+	}
+	sizes := make([]int, len(ins))
+	for i, x := range ins {
+		sizes[i] = len(x)
+	}
+	return b.collective(ctx, op, m, opts.Timeout, outputs, func(ctx context.Context, tag uint64) error {
+		own, free, err := b.reduceScatterPacked(ctx, tag, k, sizes, func(p []byte) { unpackInto(p, ins) })
+		if err != nil {
+			return err
+		}
+		defer free()
+		copy(out[0], own)
+		return nil
+	})
+}
+
+// unpackInto is pack into an existing buffer.
+func unpackInto(dst []byte, srcs [][]byte) {
+	off := 0
+	for _, s := range srcs {
+		off += copy(dst[off:], s)
+	}
+}
+
+// ReduceScatterTensor implements backend.Backend.
+func (b *Backend) ReduceScatterTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.ReduceScatterTensorOptions) (backend.Work, error) {
+	op := backend.OpReduceScatterTensor
+	bs, err := b.host(op, m, output, input)
+	if err != nil {
+		return nil, err
+	}
+	out, in := bs[0], bs[1]
+	if len(in) != len(out)*b.cfg.WorldSize {
+		return nil, b.invalid(op, m, "input tensor must be the same size as output size times world size")
+	}
+	k, err := b.kernel(op, m, output.DType(), opts.ReduceOp)
+	if err != nil {
+		return nil, err
+	}
+	sizes := make([]int, b.cfg.WorldSize)
+	for i := range sizes {
+		sizes[i] = len(out)
+	}
+	return b.collective(ctx, op, m, opts.Timeout, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
+		own, free, err := b.reduceScatterPacked(ctx, tag, k, sizes, func(p []byte) { copy(p, in) })
+		if err != nil {
+			return err
+		}
+		defer free()
+		copy(out, own)
+		return nil
+	})
+}
+
+// ReduceScatterTensorCoalesced implements backend.Backend: block r of the
+// packed buffer is the concatenation of every input's block r.
+func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.ReduceScatterTensorCoalescedOptions) (backend.Work, error) {
+	op := backend.OpReduceScatterTensorCoalesced
+	outs, err := b.host(op, m, outputs...)
+	if err != nil {
+		return nil, err
+	}
+	ins, err := b.host(op, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	if len(outs) != len(ins) || len(ins) == 0 {
+		return nil, b.invalid(op, m, "output and input lists must have the same length")
+	}
+	S := 0
+	for i := range outs {
+		if len(ins[i]) != len(outs[i])*b.cfg.WorldSize {
+			return nil, b.invalid(op, m, "input tensor must be the same size as output size times world size")
+		}
+		S += len(outs[i])
+	}
+	k, err := b.kernel(op, m, inputs[0].DType(), opts.ReduceOp)
+	if err != nil {
+		return nil, err
+	}
+	n := b.cfg.WorldSize
+	sizes := make([]int, n)
+	for i := range sizes {
+		sizes[i] = S
+	}
+	return b.collective(ctx, op, m, opts.Timeout, outputs, func(ctx context.Context, tag uint64) error {
+		own, free, err := b.reduceScatterPacked(ctx, tag, k, sizes, func(p []byte) {
+			off := 0
+			for r := range n {
+				for i := range ins {
+					l := len(outs[i])
+					off += copy(p[off:], ins[i][r*l:(r+1)*l])
+				}
+			}
+		})
+		if err != nil {
+			return err
+		}
+		defer free()
+		unpack(own, outs)
+		return nil
+	})
+}
+
+// Alltoall implements backend.Backend.
+func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AlltoallOptions) (backend.Work, error) {
+	op := backend.OpAlltoall
+	if len(outputs) != b.cfg.WorldSize || len(inputs) != b.cfg.WorldSize {
+		return nil, b.invalid(op, m, "Incorrect input or output list size. List sizes should be the world size")
+	}
+	outs, err := b.host(op, m, outputs...)
+	if err != nil {
+		return nil, err
+	}
+	ins, err := b.host(op, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	if len(outs[b.cfg.Rank]) != len(ins[b.cfg.Rank]) {
+		return nil, b.invalid(op, m, "invalid tensor size: this rank's input and output pieces differ")
+	}
+	return b.collective(ctx, op, m, opts.Timeout, outputs, func(ctx context.Context, tag uint64) error {
+		return coll.Alltoall(ctx, b.comm, tag, outs, ins)
+	})
+}
+
+// splitRows cuts buf into world-size parts of sizes[i] rows (equal parts
+// when sizes is empty).
+func splitRows(buf []byte, t *tensor.Tensor, sizes []int, n int) ([][]byte, bool) {
+	out := make([][]byte, n)
+	if len(sizes) == 0 {
+		if len(buf)%n != 0 {
+			return nil, false
+		}
+		p := len(buf) / n
+		for i := range out {
+			out[i] = buf[i*p : (i+1)*p]
+		}
+		return out, true
+	}
+	if len(sizes) != n {
+		return nil, false
+	}
+	rows := 1
+	if t.Dim() > 0 {
+		rows = t.Shape()[0]
+	}
+	row := 0
+	if rows > 0 {
+		row = len(buf) / rows
+	}
+	off := 0
+	for i, s := range sizes {
+		if s < 0 || off+s*row > len(buf) {
+			return nil, false
+		}
+		out[i] = buf[off : off+s*row]
+		off += s * row
+	}
+	return out, off == len(buf)
+}
+
+// AlltoallBase implements backend.Backend.
+func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AlltoallBaseOptions) (backend.Work, error) {
+	op := backend.OpAlltoallBase
+	bs, err := b.host(op, m, output, input)
+	if err != nil {
+		return nil, err
+	}
+	n := b.cfg.WorldSize
+	outs, ok := splitRows(bs[0], output, opts.OutputSplitSizes, n)
+	if !ok {
+		return nil, b.invalid(op, m, "invalid output split sizes")
+	}
+	ins, ok := splitRows(bs[1], input, opts.InputSplitSizes, n)
+	if !ok {
+		return nil, b.invalid(op, m, "invalid input split sizes")
+	}
+	if len(outs[b.cfg.Rank]) != len(ins[b.cfg.Rank]) {
+		return nil, b.invalid(op, m, "invalid split sizes: this rank's input and output parts differ")
+	}
+	return b.collective(ctx, op, m, opts.Timeout, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
+		return coll.Alltoall(ctx, b.comm, tag, outs, ins)
+	})
+}
+
+// Gather implements backend.Backend.
+func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions) (backend.Work, error) {
+	op := backend.OpGather
+	if len(inputs) != 1 {
+		return nil, b.invalid(op, m, "requires a single-element input tensor list")
+	}
+	in, err := b.host(op, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	root := b.cfg.Rank == opts.RootRank
+	var outs [][]byte
+	if root {
+		if len(outputs) != 1 || len(outputs[0]) != b.cfg.WorldSize {
+			return nil, b.invalid(op, m, "requires a single-element output list of world_size tensors on the root")
+		}
+		if outs, err = b.host(op, m, outputs[0]...); err != nil {
+			return nil, err
+		}
+		for _, o := range outs {
+			if len(o) != len(in[0]) {
+				return nil, b.invalid(op, m, "invalid tensor size")
+			}
+		}
+	}
+	var result []*tensor.Tensor
+	if root {
+		result = outputs[0]
+	}
+	B := len(in[0])
+	return b.collective(ctx, op, m, opts.Timeout, result, func(ctx context.Context, tag uint64) error {
+		var all []byte
+		if root {
+			all = b.pool.Get(B * b.cfg.WorldSize)
+			defer b.pool.Put(all)
+		}
+		if err := coll.Gather(ctx, b.comm, tag, in[0], all, opts.RootRank); err != nil {
+			return err
+		}
+		for i, o := range outs {
+			copy(o, all[i*B:])
+		}
+		return nil
+	})
+}
+
+// Scatter implements backend.Backend.
+func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions) (backend.Work, error) {
+	op := backend.OpScatter
+	if len(outputs) != 1 {
+		return nil, b.invalid(op, m, "requires a single-element output tensor list")
+	}
+	out, err := b.host(op, m, outputs...)
+	if err != nil {
+		return nil, err
+	}
+	root := b.cfg.Rank == opts.RootRank
+	var ins [][]byte
+	if root {
+		if len(inputs) != 1 || len(inputs[0]) != b.cfg.WorldSize {
+			return nil, b.invalid(op, m, "requires a single-element input list of world_size tensors on the root")
+		}
+		if ins, err = b.host(op, m, inputs[0]...); err != nil {
+			return nil, err
+		}
+		for _, x := range ins {
+			if len(x) != len(out[0]) {
+				return nil, b.invalid(op, m, "invalid tensor size")
+			}
+		}
+	}
+	return b.collective(ctx, op, m, opts.Timeout, outputs, func(ctx context.Context, tag uint64) error {
+		var all []byte
+		if root {
+			all = b.pack(ins)
+			defer b.pool.Put(all)
+		}
+		return coll.Scatter(ctx, b.comm, tag, all, out[0], opts.RootRank)
+	})
+}
+
+// Barrier implements backend.Backend: it waits for every work this rank
+// issued before it, then for every rank.
+func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.BarrierOptions) (backend.Work, error) {
+	op := backend.OpBarrier
+	if err := b.usable(op, m.Seq); err != nil {
+		return nil, err
+	}
+	j := b.newJob(ctx, op, m, opts.Timeout, nil, nil)
+	j.tag = b.issued.Add(1)
+	earlier := b.track(j.w)
+	j.run = func(ctx context.Context, tag uint64) error {
+		for _, w := range earlier {
+			if err := w.WaitHost(ctx); err != nil && ctx.Err() != nil {
+				return ctx.Err()
+			}
+		}
+		return coll.Barrier(ctx, b.comm, tag)
+	}
+	if !b.q.push(j) {
+		j.cancel()
+		return nil, b.usable(op, m.Seq)
+	}
+	return j.w, nil
+}
+
+// MonitoredBarrier implements backend.Backend with Gloo's scheme (rank 0
+// arbitrates). It runs on its own goroutine, not the pool, so that a hung
+// collective cannot hold it back: finding hung ranks is its purpose.
+func (b *Backend) MonitoredBarrier(ctx context.Context, m backend.Meta, opts backend.MonitoredBarrierOptions) (backend.Work, error) {
+	op := backend.OpMonitoredBarrier
+	if err := b.usable(op, m.Seq); err != nil {
+		return nil, err
+	}
+	to := b.timeoutOf(backend.Meta{Timeout: opts.Timeout}, m.Timeout)
+	// Non-zero ranks wait for rank 0's verdict, which comes after rank 0
+	// has waited up to the timeout itself.
+	mm := m
+	mm.Timeout = 2 * to
+	j := b.newJob(ctx, op, mm, 0, nil, nil)
+	j.tag = b.issued.Add(1)
+	b.track(j.w)
+	j.run = func(ctx context.Context, tag uint64) error {
+		return coll.MonitoredBarrier(ctx, b.comm, tag, to, opts.WaitAllRanks)
+	}
+	go b.runJob(j)
+	return j.w, nil
+}

@@ -1,0 +1,175 @@
+package cpupool
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/tcpmesh"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// p2pBit marks the tags of send and recv: collectives number their tags
+// from 1 upwards, user tags of P2P ops live above this bit, so the two
+// never meet.
+const p2pBit = 1 << 63
+
+// sender is the FIFO of one peer's sends. P2P ops do not take pool
+// workers: a receive that waits for a late peer must not starve the
+// collectives, and sends to one peer must leave in issue order, which one
+// goroutine per peer guarantees.
+type sender struct {
+	mu     sync.Mutex
+	cond   sync.Cond
+	items  []*job
+	closed bool
+}
+
+func (s *sender) push(j *job) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.items = append(s.items, j)
+	s.cond.Signal()
+	return true
+}
+
+func (s *sender) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+func (b *Backend) sendLoop(peer int, s *sender) {
+	defer b.wg.Done()
+	for {
+		s.mu.Lock()
+		for len(s.items) == 0 && !s.closed {
+			s.cond.Wait()
+		}
+		if len(s.items) == 0 {
+			s.mu.Unlock()
+			return
+		}
+		j := s.items[0]
+		s.items[0] = nil
+		s.items = s.items[1:]
+		s.mu.Unlock()
+		b.runJob(j)
+	}
+}
+
+// Send implements backend.Backend. The work completes once the data is
+// handed to the connection (Gloo's send semantics), not when the peer has
+// received it.
+func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, dst int, opts backend.SendOptions) (backend.Work, error) {
+	op := backend.OpSend
+	if len(tensors) != 1 {
+		return nil, b.invalid(op, m, "requires a single-element tensor list")
+	}
+	if dst < 0 || dst >= b.cfg.WorldSize || dst == b.cfg.Rank {
+		return nil, b.invalid(op, m, "invalid destination rank")
+	}
+	if opts.Tag < 0 {
+		return nil, b.invalid(op, m, "tag must not be negative")
+	}
+	bufs, err := b.host(op, m, tensors...)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.usable(op, m.Seq); err != nil {
+		return nil, err
+	}
+	buf := bufs[0]
+	j := b.newJob(ctx, op, m, opts.Timeout, nil, nil)
+	j.tag, j.peer = p2pBit|uint64(opts.Tag), dst
+	j.run = func(ctx context.Context, tag uint64) error { return b.mesh.Send(ctx, dst, tag, buf) }
+	b.track(j.w)
+	if !b.senders[dst].push(j) {
+		j.cancel()
+		return nil, b.usable(op, m.Seq)
+	}
+	return j.w, nil
+}
+
+// Recv implements backend.Backend. The receive is posted at once, on the
+// caller's goroutine, so receives with one tag match in issue order.
+func (b *Backend) Recv(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, src int, opts backend.RecvOptions) (backend.Work, error) {
+	op := backend.OpRecv
+	if len(tensors) != 1 {
+		return nil, b.invalid(op, m, "requires a single-element tensor list")
+	}
+	if src < 0 || src >= b.cfg.WorldSize || src == b.cfg.Rank {
+		return nil, b.invalid(op, m, "invalid source rank")
+	}
+	if opts.Tag < 0 {
+		return nil, b.invalid(op, m, "tag must not be negative")
+	}
+	bufs, err := b.host(op, m, tensors...)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.usable(op, m.Seq); err != nil {
+		return nil, err
+	}
+	j := b.newJob(ctx, op, m, opts.Timeout, tensors, nil)
+	j.tag, j.peer = p2pBit|uint64(opts.Tag), src
+	req := b.mesh.Irecv(src, j.tag, bufs[0])
+	j.run = func(ctx context.Context, _ uint64) error { return req.Wait(ctx) }
+	b.track(j.w)
+	go b.runJob(j)
+	return j.w, nil
+}
+
+// anyWork is the Work of RecvAnysource: a HostWork that also names the
+// sender (backend.SourceRanker).
+type anyWork struct {
+	*backend.HostWork
+	src atomic.Int64
+}
+
+// SourceRank implements backend.SourceRanker.
+func (w *anyWork) SourceRank() (int, error) {
+	if !w.IsCompleted() {
+		return -1, &backend.OpError{Op: backend.OpRecvAnysource.String(), Backend: Name, Kind: backend.ErrInvalidArgument, Detail: "source rank requested before the receive completed"}
+	}
+	if err := w.Exception(); err != nil {
+		return -1, err
+	}
+	return int(w.src.Load()), nil
+}
+
+// RecvAnysource implements backend.Backend.
+func (b *Backend) RecvAnysource(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.RecvAnysourceOptions) (backend.Work, error) {
+	op := backend.OpRecvAnysource
+	if len(tensors) != 1 {
+		return nil, b.invalid(op, m, "requires a single-element tensor list")
+	}
+	if opts.Tag < 0 {
+		return nil, b.invalid(op, m, "tag must not be negative")
+	}
+	bufs, err := b.host(op, m, tensors...)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.usable(op, m.Seq); err != nil {
+		return nil, err
+	}
+	j := b.newJob(ctx, op, m, opts.Timeout, tensors, nil)
+	j.tag = p2pBit | uint64(opts.Tag)
+	w := &anyWork{HostWork: j.w}
+	w.src.Store(-1)
+	var req *tcpmesh.Req = b.mesh.IrecvAny(j.tag, bufs[0])
+	j.run = func(ctx context.Context, _ uint64) error {
+		src, err := req.WaitSource(ctx)
+		w.src.Store(int64(src))
+		return err
+	}
+	b.track(w)
+	go b.runJob(j)
+	return w, nil
+}
