@@ -1,0 +1,658 @@
+// Package nccl is gocoll's NCCL backend: collectives on CUDA tensors through
+// libnccl.so.2, loaded at run time, with PyTorch ProcessGroupNCCL's
+// semantics (reference/000_ba349abf66fc5b71.txt sections 2-6):
+//
+//   - communicators are created lazily, one per device key, with the unique
+//     id broadcast through the store (eagerly when Config.Device is set;
+//     through ncclCommSplit when the parent group has one; with several
+//     bootstrap roots above Options.RanksPerRoot); P2P ops use one
+//     communicator per rank pair ("lo:hi");
+//   - sync mode (the default) queues the kernel on ctx's current stream;
+//     async mode queues it on an internal stream per device key that first
+//     waits on an event of the current stream, records an end event, and
+//     stashes the tensors until Work.Wait;
+//   - a watchdog goroutine polls every 100 ms for completions, timeouts and
+//     NCCL's asynchronous errors, and releases the stashes of works never
+//     waited on at the next op.
+//
+// Importing the package registers the "nccl" backend for CUDA tensors.
+package nccl
+
+/*
+#include <stdlib.h>
+#include "nccl_dl.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// Name is the registered backend name.
+const Name = "nccl"
+
+// DefaultTimeout is the op timeout when neither the op nor the group gives
+// one (PyTorch's kProcessGroupNCCLDefaultTimeout).
+const DefaultTimeout = 10 * time.Minute
+
+const maxDevices = 64
+
+func init() {
+	backend.Register(backend.Driver{Name: Name, Devices: []tensor.DeviceType{tensor.CUDA}, New: factory})
+}
+
+func factory(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+	return New(ctx, cfg)
+}
+
+// Backend is the NCCL backend of one process group. Its methods are safe
+// for concurrent use, but NCCL needs every rank to issue the ops of one
+// communicator in the same order.
+type Backend struct {
+	backend.Unimplemented
+
+	cfg  backend.Config
+	opts Options
+	rank int
+	size int
+
+	devComms [maxDevices]atomic.Pointer[comm]
+	initMu   sync.Mutex // serialises communicator creation
+	p2p      map[[2]int]*comm
+	p2pMu    sync.Mutex
+	counter  int // communicators created through the store, for the store key
+
+	mu      sync.Mutex // guards pending, unstash, coal
+	pending []*Work
+	unstash []cuda.Retainer
+
+	coalescing atomic.Bool
+	coal       coalBlock
+
+	closed   atomic.Bool
+	abortErr atomic.Pointer[error]
+	stop     chan struct{}
+	wdDone   chan struct{}
+	stopOnce sync.Once
+}
+
+var _ backend.Backend = (*Backend)(nil)
+var _ backend.Coalescer = (*Backend)(nil)
+
+// New makes the backend of one group. It loads libnccl (failing with
+// ErrUnavailable when it is missing) and starts the watchdog. With
+// cfg.Device set it creates the device's communicator now (eager init).
+func New(ctx context.Context, cfg backend.Config) (*Backend, error) {
+	if err := Load(); err != nil {
+		return nil, err
+	}
+	var opts Options
+	switch o := cfg.Options.(type) {
+	case nil:
+		var err error
+		if opts, err = OptionsFromEnv(); err != nil {
+			return nil, fmt.Errorf("%w: %w", backend.ErrInvalidArgument, err)
+		}
+	case Options:
+		opts = o
+	case *Options:
+		opts = *o
+	default:
+		return nil, fmt.Errorf("%w: nccl: options of type %T, want nccl.Options", backend.ErrInvalidArgument, cfg.Options)
+	}
+	if err := opts.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", backend.ErrInvalidArgument, err)
+	}
+	if cfg.WorldSize <= 0 || cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize {
+		return nil, fmt.Errorf("%w: nccl: rank %d of %d", backend.ErrInvalidArgument, cfg.Rank, cfg.WorldSize)
+	}
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("%w: nccl: no store", backend.ErrInvalidArgument)
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	b := &Backend{cfg: cfg, opts: opts, rank: cfg.Rank, size: cfg.WorldSize,
+		p2p: map[[2]int]*comm{}, stop: make(chan struct{}), wdDone: make(chan struct{})}
+	go b.watchdog()
+	if cfg.Device != nil {
+		if cfg.Device.Type != tensor.CUDA {
+			b.Close(ctx)
+			return nil, fmt.Errorf("%w: nccl: eager init on %v, not a CUDA device", backend.ErrInvalidArgument, cfg.Device)
+		}
+		if _, err := b.getComm(ctx, cfg.Device.Index); err != nil {
+			b.Abort(ctx, err)
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// Name implements backend.Core.
+func (b *Backend) Name() string { return Name }
+
+// Rank implements backend.Core.
+func (b *Backend) Rank() int { return b.rank }
+
+// Size implements backend.Core.
+func (b *Backend) Size() int { return b.size }
+
+// Options returns the options the backend runs with.
+func (b *Backend) Options() Options { return b.opts }
+
+// Capabilities implements backend.Core.
+func (b *Backend) Capabilities() backend.Capabilities {
+	dts := []tensor.DType{tensor.Float32, tensor.Float64, tensor.Float16, tensor.BFloat16, tensor.Int8,
+		tensor.Uint8, tensor.Int32, tensor.Int64, tensor.Bool}
+	if lib.version >= 22400 {
+		dts = append(dts, tensor.Float8E4M3, tensor.Float8E5M2)
+	}
+	return backend.Capabilities{
+		Devices: []tensor.DeviceType{tensor.CUDA}, DTypes: dts, StreamSemantics: true, Coalescing: true,
+		BitwiseReductions: false, Timing: true, GraphCapture: true, UnevenSizes: true,
+	}
+}
+
+// comm is one NCCL communicator with its internal stream and events.
+type comm struct {
+	key    string
+	dev    *cuda.Device
+	ctx    uintptr
+	handle uintptr // ncclComm_t
+	rank   int     // rank in this communicator
+	size   int
+	nb     bool // nonblocking
+	stream *cuda.Stream
+	syncEv *cuda.Event
+	name   *C.char // commName: NCCL keeps the pointer, so it lives as long as the comm
+
+	mu      sync.Mutex // serialises issue on this communicator and guards the pools
+	free    []*cuda.Event
+	freeT   []*cuda.Event
+	scratch *cuda.Buffer // one element for barrier
+
+	aborted atomic.Bool
+	asyncMu sync.Mutex // ncclCommGetAsyncError is not safe from two threads at once
+}
+
+func (c *comm) event(timing bool) (*cuda.Event, error) {
+	pool := &c.free
+	if timing {
+		pool = &c.freeT
+	}
+	if n := len(*pool); n > 0 {
+		e := (*pool)[n-1]
+		*pool = (*pool)[:n-1]
+		return e, nil
+	}
+	return c.dev.NewEvent(timing)
+}
+
+// putEvent returns an event to the pool; the caller holds c.mu.
+func (c *comm) putEvent(e *cuda.Event) {
+	if e == nil {
+		return
+	}
+	if e.Timing() {
+		c.freeT = append(c.freeT, e)
+	} else {
+		c.free = append(c.free, e)
+	}
+}
+
+// asyncError polls ncclCommGetAsyncError.
+func (c *comm) asyncError() (int, error) {
+	c.asyncMu.Lock()
+	defer c.asyncMu.Unlock()
+	var st C.int
+	if err := result("ncclCommGetAsyncError", C.gn_comm_async_error(C.uintptr_t(c.handle), &st)); err != nil {
+		return 0, err
+	}
+	return int(st), nil
+}
+
+// waitReady polls a nonblocking communicator until its last call finished.
+func (c *comm) waitReady(ctx context.Context, what string, timeout time.Duration) error {
+	if !c.nb {
+		return nil
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		st, err := c.asyncError()
+		if err != nil {
+			return err
+		}
+		if st != ncclInProgress {
+			if st != 0 {
+				return &Error{Call: what, Code: st, Detail: C.GoString(C.gn_last_error())}
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: nccl: %s still in progress after %v", backend.ErrTimeout, what, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("nccl: %s: %w", what, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// usable reports why the backend cannot take ops, if it cannot.
+func (b *Backend) usable(op backend.Op) error {
+	if p := b.abortErr.Load(); p != nil {
+		return &backend.OpError{Op: op.String(), Rank: b.rank, Backend: Name, Kind: backend.ErrAborted, Err: *p}
+	}
+	if b.closed.Load() {
+		return &backend.OpError{Op: op.String(), Rank: b.rank, Backend: Name, Kind: backend.ErrClosed}
+	}
+	return nil
+}
+
+// getComm returns the collective communicator for device dev, creating it
+// on first use (PyTorch's getNCCLComm/initNCCLComm).
+func (b *Backend) getComm(ctx context.Context, dev int) (*comm, error) {
+	if dev < 0 || dev >= maxDevices {
+		return nil, fmt.Errorf("%w: nccl: device %d", backend.ErrInvalidArgument, dev)
+	}
+	if c := b.devComms[dev].Load(); c != nil {
+		return c, nil
+	}
+	b.initMu.Lock()
+	defer b.initMu.Unlock()
+	if c := b.devComms[dev].Load(); c != nil {
+		return c, nil
+	}
+	c, err := b.initComm(ctx, dev)
+	if err != nil {
+		return nil, err
+	}
+	b.devComms[dev].Store(c)
+	return c, nil
+}
+
+// Comm returns the ncclComm_t handle of device dev's communicator, creating
+// it if needed; for interop and tests.
+func (b *Backend) Comm(ctx context.Context, dev int) (uintptr, error) {
+	c, err := b.getComm(ctx, dev)
+	if err != nil {
+		return 0, err
+	}
+	return c.handle, nil
+}
+
+// Stream returns the internal stream of device dev's communicator (the one
+// async ops run on), creating the communicator if needed. Tests hold it
+// with a cuda.Gate.
+func (b *Backend) Stream(ctx context.Context, dev int) (*cuda.Stream, error) {
+	c, err := b.getComm(ctx, dev)
+	if err != nil {
+		return nil, err
+	}
+	return c.stream, nil
+}
+
+func (b *Backend) splitColor() int {
+	if b.opts.SplitColor != nil {
+		return *b.opts.SplitColor
+	}
+	h := fnv.New32a()
+	for _, r := range b.cfg.GlobalRanks {
+		h.Write([]byte(strconv.Itoa(r) + ","))
+	}
+	return int(h.Sum32() & 0x7fffffff)
+}
+
+// initComm creates device dev's communicator: by ncclCommSplit from the
+// parent's when the parent has one and every parent rank takes part, else
+// through the store.
+func (b *Backend) initComm(ctx context.Context, dev int) (*comm, error) {
+	d, err := cuda.GetDevice(dev)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
+	}
+	key := strconv.Itoa(dev)
+	c := &comm{key: key, dev: d, ctx: d.Context(), nb: b.opts.NonBlocking,
+		name: C.CString(fmt.Sprintf("%s:%s:%s", b.cfg.GroupName, b.cfg.GroupDesc, key))}
+	if parent, ok := b.cfg.Parent.(*Backend); ok && parent != nil && (len(b.cfg.GlobalRanks) == parent.size || b.opts.SplitColor != nil) {
+		if pc := parent.devComms[dev].Load(); pc != nil {
+			if err := b.split(ctx, pc, c); err != nil {
+				return nil, err
+			}
+			return c, b.finishComm(c)
+		}
+	}
+	storeKey := "nccl/uid/" + strconv.Itoa(b.counter)
+	b.counter++
+	if err := b.createComm(ctx, c, storeKey, b.rank, b.size); err != nil {
+		return nil, err
+	}
+	return c, b.finishComm(c)
+}
+
+// split derives c from the parent communicator pc.
+func (b *Backend) split(ctx context.Context, pc *comm, c *comm) error {
+	// A nonblocking split may write the child handle after the call
+	// returns, so the slot is C memory, not Go memory. It is never freed:
+	// eight bytes per split.
+	h := (*C.uintptr_t)(C.calloc(1, 8))
+	blocking := C.int(1)
+	if c.nb {
+		blocking = 0
+	}
+	r := C.gn_comm_split(C.uintptr_t(pc.ctx), C.uintptr_t(pc.handle), C.int(b.splitColor()), C.int(b.rank), h, blocking, c.name)
+	if err := result("ncclCommSplit", r); err != nil {
+		return err
+	}
+	if c.nb {
+		if err := pc.waitReady(ctx, "ncclCommSplit", b.opts.NonBlockingTimeout); err != nil {
+			return err
+		}
+		// The child handle can stay NULL until the parent is ready again
+		// (NVIDIA/nccl#1472); PyTorch spins on it too.
+		for deadline := time.Now().Add(b.opts.NonBlockingTimeout); atomic.LoadUintptr((*uintptr)(unsafe.Pointer(h))) == 0 && time.Now().Before(deadline); {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	handle := atomic.LoadUintptr((*uintptr)(unsafe.Pointer(h)))
+	if handle == 0 {
+		return fmt.Errorf("nccl: ncclCommSplit gave no communicator")
+	}
+	c.handle, c.rank, c.size = handle, b.rank, b.size
+	return c.waitReady(ctx, "ncclCommSplit", b.opts.NonBlockingTimeout)
+}
+
+// PerformNocolorSplit takes part in a parent communicator's ncclCommSplit
+// without joining the child: the parent's ranks that are not in a new
+// group must call it when the members split (PyTorch's
+// perform_nocolor_split), or the members hang.
+func (b *Backend) PerformNocolorSplit(ctx context.Context, dev int) error {
+	pc, err := b.getComm(ctx, dev)
+	if err != nil {
+		return err
+	}
+	h := (*C.uintptr_t)(C.calloc(1, 8)) // see split: C memory, never freed
+	blocking := C.int(1)
+	if pc.nb {
+		blocking = 0
+	}
+	if err := result("ncclCommSplit", C.gn_comm_split(C.uintptr_t(pc.ctx), C.uintptr_t(pc.handle), -1, C.int(b.rank), h, blocking, nil)); err != nil {
+		return err
+	}
+	return pc.waitReady(ctx, "ncclCommSplit", b.opts.NonBlockingTimeout)
+}
+
+// createComm bootstraps c through the store: rank 0 (or each root, for
+// scalable init) publishes a unique id under storeKey, the others read it,
+// and everyone calls ncclCommInitRank{Config,Scalable}.
+func (b *Backend) createComm(ctx context.Context, c *comm, storeKey string, rank, size int) error {
+	st := b.cfg.Store
+	scalable := b.opts.ForceScalableInit || size > b.opts.RanksPerRoot
+	nroots := 1
+	if scalable {
+		nroots = (size + b.opts.RanksPerRoot - 1) / b.opts.RanksPerRoot
+	}
+	ids := make([]byte, 128*nroots)
+	if !scalable {
+		if rank == 0 {
+			if err := result("ncclGetUniqueId", C.gn_get_unique_id(C.uintptr_t(c.ctx), unsafe.Pointer(&ids[0]))); err != nil {
+				return err
+			}
+			if err := st.Set(ctx, storeKey, ids); err != nil {
+				return fmt.Errorf("nccl: publishing the unique id under %q: %w", storeKey, err)
+			}
+		} else {
+			v, err := st.Get(ctx, storeKey)
+			if err != nil {
+				return &backend.OpError{Op: "init", Rank: b.rank, Backend: Name, Kind: backend.ErrTimeout, Ranks: []int{0}, Err: err,
+					Detail: fmt.Sprintf("rank 0 never published the NCCL unique id under store key %q. This may indicate a possible application crash on rank 0 or a network set up issue", storeKey)}
+			}
+			if len(v) != 128 {
+				return fmt.Errorf("nccl: unique id of %d bytes under %q", len(v), storeKey)
+			}
+			copy(ids, v)
+		}
+	} else {
+		keys := make([]string, nroots)
+		for i := range keys {
+			keys[i] = storeKey + ":" + strconv.Itoa(i)
+		}
+		if rank%b.opts.RanksPerRoot == 0 {
+			var id [128]byte
+			if err := result("ncclGetUniqueId", C.gn_get_unique_id(C.uintptr_t(c.ctx), unsafe.Pointer(&id[0]))); err != nil {
+				return err
+			}
+			if err := st.Set(ctx, keys[rank/b.opts.RanksPerRoot], id[:]); err != nil {
+				return fmt.Errorf("nccl: publishing root unique id: %w", err)
+			}
+		}
+		vals, err := st.MultiGet(ctx, keys)
+		if err != nil {
+			return &backend.OpError{Op: "init", Rank: b.rank, Backend: Name, Kind: backend.ErrTimeout, Err: err,
+				Detail: fmt.Sprintf("a bootstrap root (ranks 0, %d, ...) never published its NCCL unique id under %q. This may indicate a possible application crash on a root rank or a network set up issue", b.opts.RanksPerRoot, storeKey)}
+		}
+		for i, v := range vals {
+			if len(v) != 128 {
+				return fmt.Errorf("nccl: unique id of %d bytes under %q", len(v), keys[i])
+			}
+			copy(ids[128*i:], v)
+		}
+	}
+	var netName *C.char
+	if b.opts.NetName != "" {
+		netName = C.CString(b.opts.NetName) // NCCL copies it
+		defer C.free(unsafe.Pointer(netName))
+	}
+	blocking := C.int(1)
+	if c.nb {
+		blocking = 0
+	}
+	sc := C.int(0)
+	if scalable {
+		sc = 1
+	}
+	h := (*C.uintptr_t)(C.calloc(1, 8)) // NCCL may write it after returning (nonblocking)
+	r := C.gn_comm_init(C.uintptr_t(c.ctx), h, C.int(size), unsafe.Pointer(&ids[0]), C.int(nroots), C.int(rank), sc,
+		blocking, C.int(b.opts.CGAClusterSize), C.int(b.opts.MinCTAs), C.int(b.opts.MaxCTAs), netName, c.name)
+	if err := result("ncclCommInitRank", r); err != nil {
+		return err
+	}
+	c.handle, c.rank, c.size = atomic.LoadUintptr((*uintptr)(unsafe.Pointer(h))), rank, size
+	return c.waitReady(ctx, "ncclCommInitRank", b.opts.NonBlockingTimeout)
+}
+
+// finishComm creates the communicator's internal stream and events.
+func (b *Backend) finishComm(c *comm) error {
+	var err error
+	if c.stream, err = c.dev.NewStream(cuda.StreamOptions{HighPriority: b.opts.HighPriorityStream}); err != nil {
+		return err
+	}
+	if c.syncEv, err = c.dev.NewEvent(false); err != nil {
+		return err
+	}
+	if c.scratch, err = c.dev.AllocOn(c.stream, 4); err != nil {
+		return err
+	}
+	return c.stream.Memset32(c.scratch.Ptr(), 0, 1)
+}
+
+// getP2PComm returns the two-rank communicator of this rank and peer.
+func (b *Backend) getP2PComm(ctx context.Context, dev, peer int) (*comm, int, error) {
+	lo, hi := min(b.rank, peer), max(b.rank, peer)
+	pairRank := 0
+	if b.rank == hi {
+		pairRank = 1
+	}
+	k := [2]int{lo, hi}
+	b.p2pMu.Lock()
+	defer b.p2pMu.Unlock()
+	if c := b.p2p[k]; c != nil {
+		if c.dev.Ordinal() != dev {
+			return nil, 0, fmt.Errorf("%w: nccl: p2p with rank %d on device %d, but its communicator is on device %d", backend.ErrInvalidArgument, peer, dev, c.dev.Ordinal())
+		}
+		return c, 1 - pairRank, nil
+	}
+	d, err := cuda.GetDevice(dev)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
+	}
+	key := strconv.Itoa(lo) + ":" + strconv.Itoa(hi)
+	c := &comm{key: key, dev: d, ctx: d.Context(), nb: b.opts.NonBlocking,
+		name: C.CString(fmt.Sprintf("%s:%s:p2p:%s", b.cfg.GroupName, b.cfg.GroupDesc, key))}
+	if err := b.createComm(ctx, c, "nccl/p2p/"+key, pairRank, 2); err != nil {
+		return nil, 0, err
+	}
+	if err := b.finishComm(c); err != nil {
+		return nil, 0, err
+	}
+	b.p2p[k] = c
+	return c, 1 - pairRank, nil
+}
+
+// comms returns every communicator.
+func (b *Backend) comms() []*comm {
+	var out []*comm
+	for i := range b.devComms {
+		if c := b.devComms[i].Load(); c != nil {
+			out = append(out, c)
+		}
+	}
+	b.p2pMu.Lock()
+	for _, c := range b.p2p {
+		out = append(out, c)
+	}
+	b.p2pMu.Unlock()
+	return out
+}
+
+// enqueue hands w to the watchdog and releases stashes that the watchdog
+// freed since the last op (on this goroutine, as PyTorch does in
+// workEnqueue).
+func (b *Backend) enqueue(w *Work) {
+	b.mu.Lock()
+	if w != nil {
+		b.pending = append(b.pending, w)
+	}
+	var rel []cuda.Retainer
+	if len(b.unstash) > 0 {
+		rel = b.unstash
+		b.unstash = nil
+	}
+	b.mu.Unlock()
+	for _, r := range rel {
+		r.Release()
+	}
+}
+
+// Abort implements backend.Core: it aborts every communicator, fails
+// pending works with ErrAborted wrapping reason, and stops the watchdog.
+func (b *Backend) Abort(ctx context.Context, reason error) error {
+	if reason == nil {
+		reason = errors.New("aborted")
+	}
+	b.abortErr.CompareAndSwap(nil, &reason)
+	b.abortComms(ctx, reason)
+	b.stopWatchdog()
+	return nil
+}
+
+func (b *Backend) abortComms(ctx context.Context, reason error) {
+	for _, c := range b.comms() {
+		if c.aborted.Swap(true) {
+			continue
+		}
+		C.gn_comm_abort(C.uintptr_t(c.ctx), C.uintptr_t(c.handle))
+	}
+	b.mu.Lock()
+	pend := slices.Clone(b.pending)
+	b.mu.Unlock()
+	for _, w := range pend {
+		w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.rank, Backend: Name, Kind: backend.ErrAborted, Err: reason})
+	}
+}
+
+// Close implements backend.Core: it waits (bounded by ctx) for issued ops
+// to complete, then destroys the communicators. If ctx ends first, it
+// aborts them instead.
+func (b *Backend) Close(ctx context.Context) error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	var err error
+	for {
+		b.mu.Lock()
+		pend := slices.Clone(b.pending)
+		b.mu.Unlock()
+		busy := false
+		for _, w := range pend {
+			if !w.IsCompleted() {
+				busy = true
+			}
+		}
+		if !busy {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			err = fmt.Errorf("nccl: close: %w", ctx.Err())
+			b.abortComms(ctx, err)
+			b.stopWatchdog()
+			return err
+		case <-time.After(time.Millisecond):
+		}
+	}
+	b.stopWatchdog()
+	b.enqueue(nil)
+	for _, c := range b.comms() {
+		if c.aborted.Swap(true) {
+			continue
+		}
+		if e := result("ncclCommDestroy", C.gn_comm_destroy(C.uintptr_t(c.ctx), C.uintptr_t(c.handle))); e != nil && err == nil {
+			err = e
+		}
+		if c.scratch != nil {
+			c.scratch.Free()
+		}
+		c.syncEv.Destroy()
+		for _, e := range append(c.free, c.freeT...) {
+			e.Destroy()
+		}
+		c.stream.Destroy()
+	}
+	return err
+}
+
+func (b *Backend) stopWatchdog() {
+	b.stopOnce.Do(func() { close(b.stop) })
+}
+
+// fatal ends the process after an unrecoverable error, as TearDown and
+// SkipCleanUp do.
+func (b *Backend) fatal(err error) {
+	slog.Error("gocoll nccl: fatal error, ending the process", "rank", b.rank, "group", b.cfg.GroupDesc, "err", err)
+	os.Exit(1)
+}
+
+// lockThread pins the goroutine to its OS thread for an NCCL group, whose
+// state is thread-local.
+func lockThread() func() {
+	runtime.LockOSThread()
+	return runtime.UnlockOSThread
+}

@@ -1,0 +1,315 @@
+package nccl
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// Work is the NCCL backend's backend.Work (PyTorch's WorkNCCL): an end
+// event recorded after the kernel on the stream the op ran on, a start
+// event when timing is on, and, in async mode, the stash of the op's
+// tensors.
+//
+// Completion is an event query: "completed" means the kernel finished on
+// the device, whatever the host or the current stream did. Once a query
+// (by the caller or the watchdog) has seen completion, the events go back
+// to the communicator's pool and the outcome is remembered.
+type Work struct {
+	b       *Backend
+	c       *comm
+	op      backend.Op
+	seq     uint64
+	timeout time.Duration
+	enq     time.Time
+	async   bool         // ran on the internal stream; Wait orders the current stream
+	barrier bool         // Wait also blocks the host on the current stream
+	stream  *cuda.Stream // the stream the kernel is on
+	outputs []*tensor.Tensor
+
+	mu       sync.Mutex // guards the fields below
+	end      *cuda.Event
+	start    *cuda.Event
+	timing   bool
+	dur      time.Duration
+	err      error
+	stash    [4]cuda.Retainer
+	nstash   int
+	more     []cuda.Retainer
+	fut      *backend.Future
+	done     atomic.Bool // completed on the device (or failed)
+	finished atomic.Bool // done or failed: the watchdog can drop it
+}
+
+var _ backend.Work = (*Work)(nil)
+
+// stashTensors takes a reference on every tensor's device memory, so that
+// freeing the tensor before Wait defers the free (PyTorch's TensorShelf).
+func (w *Work) stashTensors(ts []*tensor.Tensor) {
+	for _, t := range ts {
+		r, ok := t.Memory().(cuda.Retainer)
+		if !ok {
+			continue
+		}
+		r.Retain()
+		if w.nstash < len(w.stash) {
+			w.stash[w.nstash] = r
+			w.nstash++
+		} else {
+			w.more = append(w.more, r)
+		}
+	}
+}
+
+// takeStash removes the stash; the caller releases it. w.mu is held.
+func (w *Work) takeStash() []cuda.Retainer {
+	if w.nstash == 0 && len(w.more) == 0 {
+		return nil
+	}
+	out := make([]cuda.Retainer, 0, w.nstash+len(w.more))
+	out = append(out, w.stash[:w.nstash]...)
+	out = append(out, w.more...)
+	clear(w.stash[:])
+	w.nstash, w.more = 0, nil
+	return out
+}
+
+// releaseStash releases the stash now (after a stream wait, as
+// synchronizeStream does: the order is the whole of the safety).
+func (w *Work) releaseStash() {
+	w.mu.Lock()
+	rel := w.takeStash()
+	w.mu.Unlock()
+	for _, r := range rel {
+		r.Release()
+	}
+}
+
+// poll queries the end event and records completion. It reports whether
+// the work is finished (completed or failed).
+func (w *Work) poll() bool {
+	if w.finished.Load() {
+		return true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.finished.Load() {
+		return true
+	}
+	ok, err := w.end.Query()
+	if err != nil {
+		w.failLocked(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: w.b.rank, Backend: Name, Kind: backend.ErrAborted, Err: err})
+		return true
+	}
+	if !ok {
+		return false
+	}
+	w.completeLocked()
+	return true
+}
+
+// completeLocked marks success, keeps the duration and recycles the events.
+func (w *Work) completeLocked() {
+	if w.timing && w.start != nil {
+		if d, err := cuda.ElapsedTime(w.start, w.end); err == nil {
+			w.dur = d
+		}
+	}
+	w.recycleLocked()
+	w.done.Store(true)
+	w.finished.Store(true)
+	if w.fut != nil {
+		w.fut.Complete(w.outputs, nil)
+	}
+}
+
+func (w *Work) recycleLocked() {
+	if w.end == nil {
+		return
+	}
+	w.c.mu.Lock()
+	w.c.putEvent(w.end)
+	w.c.putEvent(w.start)
+	w.c.mu.Unlock()
+	w.end, w.start = nil, nil
+}
+
+func (w *Work) failLocked(err error) {
+	if w.finished.Load() {
+		return
+	}
+	w.err = err
+	w.finished.Store(true)
+	if w.fut != nil {
+		w.fut.Complete(nil, err)
+	}
+}
+
+// fail records err if the work has not finished.
+func (w *Work) fail(err error) {
+	w.mu.Lock()
+	w.failLocked(err)
+	w.mu.Unlock()
+}
+
+// Wait implements backend.Work (PyTorch's wait()). In async mode it makes
+// ctx's current stream wait on the end event and then releases the stash;
+// the host does not block. In sync mode the kernel is already on the
+// current stream and Wait does nothing. With BlockingWait, and for
+// barriers, it also blocks the host until completion or the op's timeout.
+func (w *Work) Wait(ctx context.Context) error {
+	if w.async {
+		w.mu.Lock()
+		if !w.finished.Load() {
+			cur := cuda.StreamFor(ctx, w.c.dev)
+			if cur.Handle() != w.stream.Handle() {
+				if err := cur.WaitEvent(w.end); err != nil {
+					w.mu.Unlock()
+					return w.opErr(backend.ErrAborted, err)
+				}
+			}
+		}
+		rel := w.takeStash()
+		w.mu.Unlock()
+		for _, r := range rel {
+			r.Release()
+		}
+	}
+	if w.barrier {
+		// PyTorch's barrier: the current stream is synchronised, so the
+		// host returns only after the barrier and the work before it.
+		cur := cuda.StreamFor(ctx, w.c.dev)
+		tctx, cancel := context.WithTimeout(context.Background(), w.timeout-time.Since(w.enq))
+		defer cancel()
+		if err := cur.SynchronizeContext(tctx); err != nil {
+			return w.opErr(backend.ErrTimeout, err)
+		}
+	}
+	if w.b.opts.BlockingWait {
+		tctx, cancel := context.WithTimeout(context.Background(), w.timeout-time.Since(w.enq))
+		defer cancel()
+		if err := w.WaitHost(tctx); err != nil {
+			return err
+		}
+	}
+	return w.Exception()
+}
+
+func (w *Work) opErr(kind error, err error) error {
+	return &backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: w.b.rank, Backend: Name, Kind: kind, Err: err, Timeout: w.timeout}
+}
+
+// BlockStream implements backend.Work: s waits on the op's end event.
+func (w *Work) BlockStream(s *cuda.Stream) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.finished.Load() {
+		return w.err
+	}
+	if err := s.WaitEvent(w.end); err != nil {
+		return w.opErr(backend.ErrAborted, err)
+	}
+	return nil
+}
+
+// WaitHost implements backend.Work: it polls the end event until the op
+// completes, fails, or ctx is done (PyTorch's wait(timeout)). It never
+// calls a blocking CUDA synchronisation, so an abort can always end it.
+func (w *Work) WaitHost(ctx context.Context) error {
+	for delay := time.Microsecond; ; delay = min(2*delay, time.Millisecond) {
+		if w.poll() {
+			return w.Exception()
+		}
+		select {
+		case <-ctx.Done():
+			return w.opErr(backend.ErrTimeout, ctx.Err())
+		case <-time.After(delay):
+		}
+	}
+}
+
+// IsCompleted implements backend.Work: a non-blocking event query.
+func (w *Work) IsCompleted() bool { return w.poll() }
+
+// IsStarted implements backend.Work; it needs EnableTiming.
+func (w *Work) IsStarted() (bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.timing {
+		return false, backend.ErrNoTiming
+	}
+	if w.finished.Load() || w.start == nil {
+		return true, nil
+	}
+	return w.start.Query()
+}
+
+// Exception implements backend.Work.
+func (w *Work) Exception() error {
+	if !w.finished.Load() {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// Future implements backend.Work: it completes with the op's outputs once a
+// query (the watchdog's, at the latest) sees the op complete.
+func (w *Work) Future() *backend.Future {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.fut == nil {
+		w.fut = backend.NewFuture()
+		if w.finished.Load() {
+			if w.err != nil {
+				w.fut.Complete(nil, w.err)
+			} else {
+				w.fut.Complete(w.outputs, nil)
+			}
+		}
+	}
+	return w.fut
+}
+
+// SeqNum implements backend.Work.
+func (w *Work) SeqNum() uint64 { return w.seq }
+
+// Duration implements backend.Work: the device time between the start and
+// end events, with EnableTiming.
+func (w *Work) Duration() (time.Duration, error) {
+	if !w.timing {
+		return 0, backend.ErrNoTiming
+	}
+	if !w.poll() {
+		return 0, fmt.Errorf("nccl: duration requested before the op completed")
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.dur, w.err
+}
+
+// Abort implements backend.Work: it fails the op with ErrAborted and aborts
+// its communicator, which is what unblocks a kernel waiting for peers.
+func (w *Work) Abort(reason error) {
+	if w.poll() {
+		return
+	}
+	w.fail(w.opErr(backend.ErrAborted, reason))
+	if !w.c.aborted.Swap(true) {
+		abortComm(w.c)
+	}
+}
+
+// Device returns the CUDA device the op ran on.
+func (w *Work) Device() int { return w.c.dev.Ordinal() }
+
+// Stream returns the stream the op's kernel was queued on: the internal
+// stream in async mode, the current stream in sync mode.
+func (w *Work) Stream() *cuda.Stream { return w.stream }
