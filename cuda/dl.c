@@ -264,3 +264,17 @@ CUresult gc_pointer_device(uintptr_t ctx, int *ordinal, CUdeviceptr p) {
 	SETCTX(ctx);
 	return p_cuPointerGetAttribute(ordinal, 9, p);
 }
+
+CUresult gc_event_create_n(uintptr_t ctx, uintptr_t *out, int n, unsigned flags) {
+	SETCTX(ctx);
+	for (int i = 0; i < n; i++) {
+		CUevent ev = NULL;
+		CUresult r = p_cuEventCreate(&ev, flags);
+		if (r) {
+			for (int j = 0; j < i; j++) p_cuEventDestroy((CUevent)out[j]);
+			return r;
+		}
+		out[i] = (uintptr_t)ev;
+	}
+	return 0;
+}

@@ -59,6 +59,8 @@ CUresult gc_graph_destroy(uintptr_t ctx, uintptr_t g);
 
 CUresult gc_event_create(uintptr_t ctx, uintptr_t *e, unsigned flags);
 CUresult gc_event_destroy(uintptr_t ctx, uintptr_t e);
+// gc_event_create_n creates n events into out; on failure none are kept.
+CUresult gc_event_create_n(uintptr_t ctx, uintptr_t *out, int n, unsigned flags);
 CUresult gc_event_record(uintptr_t ctx, uintptr_t e, uintptr_t s);
 CUresult gc_event_query(uintptr_t ctx, uintptr_t e);
 CUresult gc_event_sync(uintptr_t ctx, uintptr_t e);

@@ -102,3 +102,20 @@ func (e *Event) Destroy() error {
 	e.handle = 0
 	return check("cuEventDestroy", C.gc_event_destroy(C.uintptr_t(e.ctx), C.uintptr_t(h)))
 }
+
+// NewEvents creates n events on d in one cgo crossing, for pools.
+func (d *Device) NewEvents(n int, timing bool) ([]*Event, error) {
+	flags := C.unsigned(eventDisableTiming)
+	if timing {
+		flags = eventDefault
+	}
+	hs := make([]C.uintptr_t, n)
+	if err := check("cuEventCreate", C.gc_event_create_n(C.uintptr_t(d.ctx), &hs[0], C.int(n), flags)); err != nil {
+		return nil, err
+	}
+	out := make([]*Event, n)
+	for i, h := range hs {
+		out[i] = &Event{handle: uintptr(h), ctx: d.ctx, device: d.ordinal, timing: timing}
+	}
+	return out, nil
+}

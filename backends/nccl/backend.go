@@ -196,12 +196,19 @@ func (c *comm) event(timing bool) (*cuda.Event, error) {
 	if timing {
 		pool = &c.freeT
 	}
-	if n := len(*pool); n > 0 {
-		e := (*pool)[n-1]
-		*pool = (*pool)[:n-1]
-		return e, nil
+	if len(*pool) == 0 {
+		// The watchdog refills the pool as ops complete; until then, make
+		// events in batches, one cgo crossing per batch.
+		evs, err := c.dev.NewEvents(64, timing)
+		if err != nil {
+			return nil, err
+		}
+		*pool = append(*pool, evs...)
 	}
-	return c.dev.NewEvent(timing)
+	n := len(*pool)
+	e := (*pool)[n-1]
+	*pool = (*pool)[:n-1]
+	return e, nil
 }
 
 // putEvent returns an event to the pool; the caller holds c.mu.
@@ -443,7 +450,11 @@ func (b *Backend) createComm(ctx context.Context, c *comm, storeKey string, rank
 				return fmt.Errorf("nccl: publishing root unique id: %w", err)
 			}
 		}
-		vals, err := st.MultiGet(ctx, keys)
+		err := st.Wait(ctx, keys...)
+		var vals [][]byte
+		if err == nil {
+			vals, err = st.MultiGet(ctx, keys)
+		}
 		if err != nil {
 			return &backend.OpError{Op: "init", Rank: b.rank, Backend: Name, Kind: backend.ErrTimeout, Err: err,
 				Detail: fmt.Sprintf("a bootstrap root (ranks 0, %d, ...) never published its NCCL unique id under %q. This may indicate a possible application crash on a root rank or a network set up issue", b.opts.RanksPerRoot, storeKey)}

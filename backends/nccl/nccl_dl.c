@@ -255,8 +255,9 @@ int gn_issue(uintptr_t ctx, uintptr_t comm, uintptr_t nstream, uintptr_t cur, ui
 	if (pre & ~GN_CAPTURING) return pre;
 	int r = gn_call((ncclComm_t)comm, (CUstream)nstream, kind, (const void *)send, (void *)recv, count, dt, op,
 	                scalar, root);
-	// ncclInProgress (7) from a nonblocking communicator still queues the op.
-	if (r && r != 7) return r;
+	// ncclInProgress (7): a nonblocking communicator is still launching; the
+	// caller polls it and records the end event afterwards (gn_post).
+	if (r) return r | pre;
 	if (endEv) {
 		CUresult cr = c_eventRecord((CUevent)endEv, (CUstream)nstream);
 		if (cr) return GN_CUDA_ERR + cr;
@@ -269,4 +270,19 @@ int gn_issue_nosync(uintptr_t comm, uintptr_t nstream, int kind, uintptr_t send,
                     int dt, int op, uint64_t scalar, int root) {
 	return gn_call((ncclComm_t)comm, (CUstream)nstream, kind, (const void *)send, (void *)recv, count, dt, op,
 	               scalar, root);
+}
+
+// gn_bench_raw is the raw-NCCL baseline for benchmarks: iters back-to-back
+// ncclAllReduce calls from C on stream s, no events, no Go. It returns the
+// host nanoseconds spent issuing them.
+#include <time.h>
+long long gn_bench_raw(uintptr_t ctx, uintptr_t comm, uintptr_t s, uintptr_t buf, size_t count, int dt, int iters) {
+	if (gn_make_current(ctx)) return -1;
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	for (int i = 0; i < iters; i++) {
+		if (p_ncclAllReduce((void *)buf, (void *)buf, count, dt, 0, (ncclComm_t)comm, (CUstream)s)) return -2;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	return (long long)(b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
 }

@@ -90,4 +90,5 @@ int gn_issue(uintptr_t ctx, uintptr_t comm, uintptr_t nstream, uintptr_t cur, ui
              int dt, int op, uint64_t scalar, int root);
 
 int gn_issue_nosync(uintptr_t comm, uintptr_t nstream, int kind, uintptr_t send, uintptr_t recv, size_t count, int dt, int op, uint64_t scalar, int root);
+long long gn_bench_raw(uintptr_t ctx, uintptr_t comm, uintptr_t s, uintptr_t buf, size_t count, int dt, int iters);
 #endif

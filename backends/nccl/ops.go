@@ -213,7 +213,12 @@ func (b *Backend) issue(ctx context.Context, m backend.Meta, c *comm, async bool
 		return nil, b.wrapErr(m, err)
 	}
 	if r&^C.GN_CAPTURING == ncclInProgress {
+		// Nonblocking communicator: the launch finishes in the background;
+		// record the end event only once it has.
 		if err := c.waitReady(ctx, opCallName(k.kind), w.timeout); err != nil {
+			return nil, b.wrapErr(m, err)
+		}
+		if err := result("cuEventRecord", C.gn_post(C.uintptr_t(c.ctx), C.uintptr_t(nstream.Handle()), C.uintptr_t(end.Handle()))); err != nil {
 			return nil, b.wrapErr(m, err)
 		}
 	}
@@ -574,7 +579,7 @@ func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*
 		if err != nil {
 			return nil, b.wrapErr(m, err)
 		}
-		recv := in.Ptr() // ignored off the root
+		recv := uintptr(0) // NCCL ignores recvbuff off the root
 		if r == b.rank {
 			if out.NBytes() != in.NBytes() {
 				return nil, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("output of %d bytes for a block of %d", out.NBytes(), in.NBytes()))

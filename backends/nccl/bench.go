@@ -1,0 +1,37 @@
+package nccl
+
+/*
+#include "nccl_dl.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// RawAllreduce issues iters float32 sum allreduces of t, in place, straight
+// from C on stream s with device dev's communicator: the raw-NCCL baseline
+// that benchmarks compare the backend with. It returns the host time spent
+// issuing them.
+func (b *Backend) RawAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) (time.Duration, error) {
+	c, err := b.getComm(ctx, t.Device().Index)
+	if err != nil {
+		return 0, err
+	}
+	dt, err := ncclType(t.DType())
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	ns := C.gn_bench_raw(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters))
+	c.mu.Unlock()
+	if ns < 0 {
+		return 0, fmt.Errorf("nccl: raw allreduce failed (%d): %s", ns, C.GoString(C.gn_last_error()))
+	}
+	return time.Duration(ns), nil
+}

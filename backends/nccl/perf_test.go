@@ -1,0 +1,178 @@
+package nccl
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// perfRow is one measured size.
+type perfRow struct {
+	bytes                              int
+	rawUs, syncUs, asyncUs             float64 // device time per op, back-to-back
+	rawHostNs, syncHostNs, asyncHostNs float64 // host time per issued op
+	rawBusbw, syncBusbw                float64 // GB/s
+}
+
+// timeLoop runs issue iters times on every rank's current stream between
+// two timing events and returns rank 0's device time per op and host time
+// per issued op.
+func timeLoop(t *testing.T, envs []*rankEnv, iters, burst int, issue func(e *rankEnv, k int) error) (float64, float64) {
+	dev := make([]float64, len(envs))
+	host := make([]float64, len(envs))
+	each(t, envs, func(e *rankEnv) error {
+		start, _ := e.dev.NewEvent(true)
+		end, _ := e.dev.NewEvent(true)
+		defer start.Destroy()
+		defer end.Destroy()
+		e.cur.Synchronize()
+		start.Record(e.cur)
+		var hostTime time.Duration
+		for k := 0; k < iters; {
+			t0 := time.Now()
+			n := min(burst, iters-k)
+			for j := 0; j < n; j++ {
+				if err := issue(e, k+j); err != nil {
+					return err
+				}
+			}
+			hostTime += time.Since(t0)
+			k += n
+			if burst < iters {
+				// Keep the launch queue short so that issue cost, not
+				// queue back-pressure, is what the host clock sees.
+				e.cur.Synchronize()
+			}
+		}
+		end.Record(e.cur)
+		if err := end.Synchronize(); err != nil {
+			return err
+		}
+		d, err := cuda.ElapsedTime(start, end)
+		if err != nil {
+			return err
+		}
+		dev[e.r] = float64(d.Nanoseconds()) / 1e3 / float64(iters)
+		host[e.r] = float64(hostTime.Nanoseconds()) / float64(iters)
+		return nil
+	})
+	return dev[0], host[0]
+}
+
+// TestPerf measures allreduce latency and bandwidth beside raw NCCL (the
+// same communicator driven by a C loop) when GOCOLL_PERF=1, and writes a
+// markdown table to GOCOLL_PERF_OUT (default stdout).
+func TestPerf(t *testing.T) {
+	if os.Getenv("GOCOLL_PERF") != "1" {
+		t.Skip("set GOCOLL_PERF=1")
+	}
+	envs := newRanks(t, 0, testOpts())
+	world := len(envs)
+	var rows []perfRow
+	sizes := []int{8, 64, 512, 4 << 10, 32 << 10, 64 << 10, 1 << 20, 256 << 20, 512 << 20, 1 << 30}
+	for _, size := range sizes {
+		count := size / 4
+		xs := make([]*tensor.Tensor, world)
+		each(t, envs, func(e *rankEnv) error {
+			x, err := cuda.Zeros(e.ctx, e.r, tensor.Float32, count)
+			xs[e.r] = x
+			return err
+		})
+		iters, burst := 2000, 250
+		if size >= 1<<20 {
+			iters, burst = 20, 20
+		}
+		raw := func(e *rankEnv, k int) error {
+			_, err := e.b.RawAllreduce(e.ctx, xs[e.r], e.cur, 1)
+			return err
+		}
+		syncOp := func(e *rankEnv, k int) error {
+			_, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), xs[e.r:e.r+1], backend.AllreduceOptions{})
+			return err
+		}
+		asyncOp := func(e *rankEnv, k int) error {
+			w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), xs[e.r:e.r+1], backend.AllreduceOptions{Async: true})
+			if err != nil {
+				return err
+			}
+			return w.Wait(e.ctx)
+		}
+		// Warm up (connections, pools), then measure.
+		timeLoop(t, envs, 20, 20, raw)
+		timeLoop(t, envs, 20, 20, syncOp)
+		timeLoop(t, envs, 20, 20, asyncOp)
+		var r perfRow
+		r.bytes = size
+		r.rawUs, _ = timeLoop(t, envs, iters, iters, raw)
+		r.syncUs, _ = timeLoop(t, envs, iters, iters, syncOp)
+		r.asyncUs, _ = timeLoop(t, envs, iters, iters, asyncOp)
+		_, r.rawHostNs = timeLoop(t, envs, iters, burst, raw)
+		_, r.syncHostNs = timeLoop(t, envs, iters, burst, syncOp)
+		_, r.asyncHostNs = timeLoop(t, envs, iters, burst, asyncOp)
+		factor := 2 * float64(world-1) / float64(world)
+		r.rawBusbw = float64(size) / (r.rawUs * 1e3) * factor
+		r.syncBusbw = float64(size) / (r.syncUs * 1e3) * factor
+		rows = append(rows, r)
+		for _, x := range xs {
+			x.Free()
+		}
+		t.Logf("%d B: raw %.2f us, gocoll sync %.2f us, async+wait %.2f us; host ns/op raw %.0f sync %.0f async %.0f",
+			size, r.rawUs, r.syncUs, r.asyncUs, r.rawHostNs, r.syncHostNs, r.asyncHostNs)
+	}
+	var sb strings.Builder
+	name, _ := envs[0].dev.Name()
+	fmt.Fprintf(&sb, "allreduce float32 sum, in place, %d ranks (one per GPU, one process), %s, NCCL %s (%s)\n\n", world, name, VersionString(lib.version), lib.path)
+	sb.WriteString("| bytes | raw NCCL us/op | gocoll sync us/op | gocoll async+Wait us/op | raw host ns/call | gocoll sync host ns/call | gocoll async+Wait host ns/call | raw busbw GB/s | gocoll busbw GB/s | busbw ratio |\n")
+	sb.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		ratio := 0.0
+		if r.rawBusbw > 0 {
+			ratio = r.syncBusbw / r.rawBusbw
+		}
+		fmt.Fprintf(&sb, "| %d | %.2f | %.2f | %.2f | %.0f | %.0f | %.0f | %.1f | %.1f | %.3f |\n", r.bytes, r.rawUs, r.syncUs, r.asyncUs,
+			r.rawHostNs, r.syncHostNs, r.asyncHostNs, r.rawBusbw, r.syncBusbw, ratio)
+	}
+	if p := os.Getenv("GOCOLL_PERF_OUT"); p != "" {
+		os.WriteFile(p, []byte(sb.String()), 0o644)
+	}
+	t.Log("\n" + sb.String())
+}
+
+// BenchmarkAsyncAllreduceHostCost is the host CPU cost of one async
+// allreduce call plus its Wait (8 bytes), every rank issuing; the launch
+// queue is drained every 256 calls outside the measured time.
+func BenchmarkAsyncAllreduceHostCost(b *testing.B) {
+	envs := newRanks(b, 0, testOpts())
+	xs := make([]*tensor.Tensor, len(envs))
+	for _, e := range envs {
+		xs[e.r], _ = cuda.Zeros(e.ctx, e.r, tensor.Float32, 2)
+	}
+	host := make([]time.Duration, len(envs))
+	b.ReportAllocs()
+	b.ResetTimer()
+	each(b, envs, func(e *rankEnv) error {
+		for k := 0; k < b.N; {
+			t0 := time.Now()
+			for j := 0; j < 256 && k < b.N; j, k = j+1, k+1 {
+				w, err := e.b.Allreduce(e.ctx, backend.Meta{Op: backend.OpAllreduce, Seq: uint64(k)}, xs[e.r:e.r+1], backend.AllreduceOptions{Async: true})
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(e.ctx); err != nil {
+					return err
+				}
+			}
+			host[e.r] += time.Since(t0)
+			e.cur.SynchronizeContext(context.Background())
+		}
+		return nil
+	})
+	b.ReportMetric(float64(host[0].Nanoseconds())/float64(b.N), "host-ns/call")
+}
