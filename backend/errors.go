@@ -42,7 +42,7 @@ type OpError struct {
 
 // Error reads, e.g.:
 //
-//	nccl allreduce seq 42 on rank 0: timeout after 10s: ranks [1] never joined: ...
+//	nccl allreduce seq 42 on rank 0: timeout after 10s: never joined: ranks [1]: <cause>
 func (e *OpError) Error() string {
 	var b strings.Builder
 	if e.Backend != "" {
@@ -60,12 +60,12 @@ func (e *OpError) Error() string {
 	if errors.Is(e.Kind, ErrTimeout) && e.Timeout > 0 {
 		fmt.Fprintf(&b, " after %v", e.Timeout)
 	}
-	if len(e.Ranks) > 0 {
-		fmt.Fprintf(&b, ": ranks %v", e.Ranks)
-	}
 	if e.Detail != "" {
 		b.WriteString(": ")
 		b.WriteString(e.Detail)
+	}
+	if len(e.Ranks) > 0 {
+		fmt.Fprintf(&b, ": ranks %v", e.Ranks)
 	}
 	if e.Err != nil && e.Err != e.Kind {
 		b.WriteString(": ")
