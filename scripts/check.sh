@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The project's test command (README "Quick start"; .ci/run calls it):
+# generated files current, go vet, gofmt, and the race-enabled tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== go generate (generated files must be current)"
+go generate ./...
+if ! git diff --exit-code --stat -- '*zz_generated_*' docs/ops.md; then
+	echo "generated files are stale: run go generate ./... and commit" >&2
+	exit 1
+fi
+
+echo "== go vet"
+go vet ./...
+
+echo "== gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go'))
+if [ -n "$unformatted" ]; then
+	echo "gofmt would change:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+
+echo "== go test -race"
+go test -race -timeout 20m ./...
