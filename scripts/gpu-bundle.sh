@@ -29,14 +29,14 @@ cd "$(dirname "$0")/.."
 ngpu=$(nvidia-smi -L | wc -l)
 # Ring buffers of output so a hang cannot eat the whole run.
 t2j() { .gpu/test2json -t -p "$1" "${@:2}"; }
-timeout 120 .gpu/cuda.test -test.v -test.count=1 > "$OUT/cuda.log" 2>&1; echo "cuda.test rc=$?" >> "$OUT/summary.txt"
-CUDA_VISIBLE_DEVICES=0 timeout 200 .gpu/test2json -t -p github.com/gocoll/gocoll/backends/nccl .gpu/nccl.test -test.v=test2json -test.count=1 -test.timeout=190s > "$OUT/nccl-world1.json" 2> "$OUT/nccl-world1.stderr"; echo "nccl.test world1 rc=$?" >> "$OUT/summary.txt"
+timeout 60 .gpu/cuda.test -test.v -test.count=1 > "$OUT/cuda.log" 2>&1; echo "cuda.test rc=$?" >> "$OUT/summary.txt"
+CUDA_VISIBLE_DEVICES=0 timeout 120 .gpu/test2json -t -p github.com/gocoll/gocoll/backends/nccl .gpu/nccl.test -test.v=test2json -test.count=1 -test.timeout=115s > "$OUT/nccl-world1.json" 2> "$OUT/nccl-world1.stderr"; echo "nccl.test world1 rc=$?" >> "$OUT/summary.txt"
 if [ "$ngpu" -ge 2 ]; then
-	timeout 240 .gpu/test2json -t -p github.com/gocoll/gocoll/backends/nccl .gpu/nccl.test -test.v=test2json -test.count=1 -test.timeout=230s > "$OUT/nccl-world2.json" 2> "$OUT/nccl-world2.stderr"; echo "nccl.test world2 rc=$?" >> "$OUT/summary.txt"
+	timeout 170 .gpu/test2json -t -p github.com/gocoll/gocoll/backends/nccl .gpu/nccl.test -test.v=test2json -test.count=1 -test.timeout=165s > "$OUT/nccl-world2.json" 2> "$OUT/nccl-world2.stderr"; echo "nccl.test world2 rc=$?" >> "$OUT/summary.txt"
 fi
-GOCOLL_PERF=1 GOCOLL_PERF_OUT="$OUT/perf.md" timeout 150 .gpu/nccl.test -test.run '^TestPerf$' -test.v -test.count=1 > "$OUT/perf.log" 2>&1; echo "perf rc=$?" >> "$OUT/summary.txt"
-timeout 90 .gpu/nccl.test -test.run '^$' -test.bench BenchmarkAsyncAllreduceHostCost -test.benchtime 20000x -test.count 3 > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/summary.txt"
-CUDA_VISIBLE_DEVICES=0 timeout 60 .gpu/nccl.test -test.run '^$' -test.bench BenchmarkAsyncAllreduceHostCost -test.benchtime 20000x -test.count 3 > "$OUT/bench-world1.log" 2>&1; echo "bench world1 rc=$?" >> "$OUT/summary.txt"
+GOCOLL_PERF=1 GOCOLL_PERF_OUT="$OUT/perf.md" timeout 200 .gpu/nccl.test -test.run "^(TestPerf|TestPerfProcesses)$" -test.v -test.count=1 > "$OUT/perf.log" 2>&1; echo "perf rc=$?" >> "$OUT/summary.txt"
+timeout 60 .gpu/nccl.test -test.run '^$' -test.bench BenchmarkAsyncAllreduceHostCost -test.benchtime 20000x -test.count 3 > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/summary.txt"
+CUDA_VISIBLE_DEVICES=0 timeout 40 .gpu/nccl.test -test.run '^$' -test.bench BenchmarkAsyncAllreduceHostCost -test.benchtime 20000x -test.count 3 > "$OUT/bench-world1.log" 2>&1; echo "bench world1 rc=$?" >> "$OUT/summary.txt"
 if [ -x .gpu/conftest ] && [ -n "${CONFTEST:-}" ]; then
 	timeout 200 .gpu/conftest --backend nccl --nproc "$ngpu" --report "$OUT/conftest.json" > "$OUT/conftest.log" 2>&1; echo "conftest rc=$?" >> "$OUT/summary.txt"
 fi

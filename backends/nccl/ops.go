@@ -63,7 +63,7 @@ func ncclType(dt tensor.DType) (C.int, error) {
 
 // redOp maps a ReduceOp for dtype dt to ncclRedOp_t; -1 means PREMUL_SUM
 // with the returned scalar (raw bits of dt).
-func redOp(r backend.ReduceOp, dt tensor.DType) (C.int, uint64, error) {
+func redOp(r backend.ReduceOp, dt tensor.DType, worldOne bool) (C.int, uint64, error) {
 	if r.Bitwise() {
 		return 0, 0, fmt.Errorf("%w: Cannot use ReduceOp.%v with NCCL", backend.ErrUnsupported, r.Type)
 	}
@@ -88,6 +88,11 @@ func redOp(r backend.ReduceOp, dt tensor.DType) (C.int, uint64, error) {
 	case backend.Min:
 		return 3, 0, nil
 	case backend.Avg:
+		if worldOne {
+			// The average of one value is the value; NCCL 2.28 rejects
+			// float8 AVG on a one-rank communicator.
+			return 0, 0, nil
+		}
 		return 4, 0, nil
 	case backend.PreMulSum:
 		switch dt {
@@ -195,7 +200,7 @@ func (b *Backend) issue(ctx context.Context, m backend.Meta, c *comm, async bool
 	}
 	w.stream = nstream
 	c.mu.Lock()
-	end, err := c.event(false)
+	end, err := c.event(w.timing) // cuEventElapsedTime needs both ends timed
 	if err == nil && w.timing {
 		w.start, err = c.event(true)
 	}
@@ -289,7 +294,7 @@ func (b *Backend) issueGroup(ctx context.Context, m backend.Meta, c *comm, async
 	unlock := lockThread()
 	c.mu.Lock()
 	err := func() error {
-		end, err := c.event(false)
+		end, err := c.event(w.timing)
 		if err != nil {
 			return err
 		}
@@ -383,7 +388,7 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
-	op, scalar, err := redOp(opts.ReduceOp, t.DType())
+	op, scalar, err := redOp(opts.ReduceOp, t.DType(), b.size == 1)
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
@@ -412,7 +417,7 @@ func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensor
 		if err != nil {
 			return nil, b.wrapErr(m, err)
 		}
-		op, scalar, err := redOp(opts.ReduceOp, t.DType())
+		op, scalar, err := redOp(opts.ReduceOp, t.DType(), b.size == 1)
 		if err != nil {
 			return nil, b.wrapErr(m, err)
 		}
@@ -452,7 +457,7 @@ func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
-	op, scalar, err := redOp(opts.ReduceOp, t.DType())
+	op, scalar, err := redOp(opts.ReduceOp, t.DType(), b.size == 1)
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
@@ -575,7 +580,7 @@ func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*
 		if err != nil {
 			return nil, b.wrapErr(m, err)
 		}
-		op, scalar, err := redOp(opts.ReduceOp, in.DType())
+		op, scalar, err := redOp(opts.ReduceOp, in.DType(), b.size == 1)
 		if err != nil {
 			return nil, b.wrapErr(m, err)
 		}
@@ -599,7 +604,7 @@ func (b *Backend) reduceScatterCall(in, out *tensor.Tensor, r backend.ReduceOp) 
 	if err != nil {
 		return call{}, err
 	}
-	op, scalar, err := redOp(r, in.DType())
+	op, scalar, err := redOp(r, in.DType(), b.size == 1)
 	return call{kind: C.GN_REDUCESCATTER, send: in.Ptr(), recv: out.Ptr(), count: out.Numel(), dt: dt, op: op, scalar: scalar}, err
 }
 

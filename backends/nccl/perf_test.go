@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -25,8 +28,9 @@ type perfRow struct {
 // two timing events and returns rank 0's device time per op and host time
 // per issued op.
 func timeLoop(t *testing.T, envs []*rankEnv, iters, burst int, issue func(e *rankEnv, k int) error) (float64, float64) {
-	dev := make([]float64, len(envs))
-	host := make([]float64, len(envs))
+	top := envs[len(envs)-1].r + 1
+	dev := make([]float64, top)
+	host := make([]float64, top)
 	each(t, envs, func(e *rankEnv) error {
 		start, _ := e.dev.NewEvent(true)
 		end, _ := e.dev.NewEvent(true)
@@ -63,18 +67,87 @@ func timeLoop(t *testing.T, envs []*rankEnv, iters, burst int, issue func(e *ran
 		host[e.r] = float64(hostTime.Nanoseconds()) / float64(iters)
 		return nil
 	})
-	return dev[0], host[0]
+	return dev[envs[0].r], host[envs[0].r]
 }
 
 // TestPerf measures allreduce latency and bandwidth beside raw NCCL (the
-// same communicator driven by a C loop) when GOCOLL_PERF=1, and writes a
-// markdown table to GOCOLL_PERF_OUT (default stdout).
+// same communicator driven by a C loop) with every GPU as a rank of this
+// one process, when GOCOLL_PERF=1; it writes a markdown table to
+// GOCOLL_PERF_OUT.
 func TestPerf(t *testing.T) {
 	if os.Getenv("GOCOLL_PERF") != "1" {
 		t.Skip("set GOCOLL_PERF=1")
 	}
 	envs := newRanks(t, 0, testOpts())
-	world := len(envs)
+	writePerf(t, envs, len(envs), "one process, one goroutine per rank")
+}
+
+// TestPerfProcesses is TestPerf with one process per GPU, as torchrun and
+// nccl-tests under mpirun run: it starts this test binary once per rank
+// (TestPerfRank) around a TCPStore. GOCOLL_PERF=1 turns it on.
+func TestPerfProcesses(t *testing.T) {
+	if os.Getenv("GOCOLL_PERF") != "1" || os.Getenv("GOCOLL_PERF_RANK") != "" {
+		t.Skip("set GOCOLL_PERF=1")
+	}
+	world := gpus(t)
+	srv, err := store.NewTCPServer(context.Background(), store.ServerOptions{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	exe, _ := os.Executable()
+	var cmds []*exec.Cmd
+	for r := range world {
+		cmd := exec.Command(exe, "-test.run", "^TestPerfRank$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("GOCOLL_PERF_RANK=%d", r), fmt.Sprintf("GOCOLL_PERF_WORLD=%d", world),
+			fmt.Sprintf("GOCOLL_PERF_STORE=127.0.0.1:%d", srv.Port()))
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	for _, c := range cmds {
+		if err := c.Wait(); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestPerfRank is one rank of TestPerfProcesses.
+func TestPerfRank(t *testing.T) {
+	rs := os.Getenv("GOCOLL_PERF_RANK")
+	if rs == "" {
+		t.Skip("run by TestPerfProcesses")
+	}
+	gpus(t)
+	r, _ := strconv.Atoi(rs)
+	world, _ := strconv.Atoi(os.Getenv("GOCOLL_PERF_WORLD"))
+	st, err := store.DialTCPStore(context.Background(), os.Getenv("GOCOLL_PERF_STORE"), store.ClientOptions{Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	dev := tensor.CUDADevice(r)
+	b, err := New(context.Background(), backend.Config{Store: st, Rank: r, WorldSize: world, GroupName: "0", GroupDesc: "perf",
+		Timeout: time.Minute, Device: &dev, Options: testOpts()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(context.Background())
+	d, _ := cuda.GetDevice(r)
+	s, _ := d.NewStream(cuda.StreamOptions{})
+	e := &rankEnv{r: r, n: world, b: b, dev: d, cur: s, ctx: cuda.WithStream(context.Background(), s)}
+	out := os.Getenv("GOCOLL_PERF_OUT")
+	if r != 0 || out == "" {
+		t.Setenv("GOCOLL_PERF_OUT", "")
+	} else {
+		t.Setenv("GOCOLL_PERF_OUT", strings.TrimSuffix(out, ".md")+"-processes.md")
+	}
+	writePerf(t, []*rankEnv{e}, world, "one process per rank, TCPStore rendezvous")
+}
+
+func writePerf(t *testing.T, envs []*rankEnv, world int, layout string) {
 	var rows []perfRow
 	sizes := []int{8, 64, 512, 4 << 10, 32 << 10, 64 << 10, 1 << 20, 256 << 20, 512 << 20, 1 << 30}
 	for _, size := range sizes {
@@ -85,8 +158,8 @@ func TestPerf(t *testing.T) {
 			xs[e.r] = x
 			return err
 		})
-		iters, burst := 2000, 250
-		if size >= 1<<20 {
+		iters, burst := 3000, 250
+		if size >= 16<<20 {
 			iters, burst = 20, 20
 		}
 		raw := func(e *rankEnv, k int) error {
@@ -104,10 +177,10 @@ func TestPerf(t *testing.T) {
 			}
 			return w.Wait(e.ctx)
 		}
-		// Warm up (connections, pools), then measure.
-		timeLoop(t, envs, 20, 20, raw)
-		timeLoop(t, envs, 20, 20, syncOp)
-		timeLoop(t, envs, 20, 20, asyncOp)
+		// Warm up (connections, event pools), then measure.
+		timeLoop(t, envs, 200, 200, raw)
+		timeLoop(t, envs, 200, 200, syncOp)
+		timeLoop(t, envs, 200, 200, asyncOp)
 		var r perfRow
 		r.bytes = size
 		r.rawUs, _ = timeLoop(t, envs, iters, iters, raw)
@@ -121,14 +194,16 @@ func TestPerf(t *testing.T) {
 		r.syncBusbw = float64(size) / (r.syncUs * 1e3) * factor
 		rows = append(rows, r)
 		for _, x := range xs {
-			x.Free()
+			if x != nil {
+				x.Free()
+			}
 		}
 		t.Logf("%d B: raw %.2f us, gocoll sync %.2f us, async+wait %.2f us; host ns/op raw %.0f sync %.0f async %.0f",
 			size, r.rawUs, r.syncUs, r.asyncUs, r.rawHostNs, r.syncHostNs, r.asyncHostNs)
 	}
 	var sb strings.Builder
 	name, _ := envs[0].dev.Name()
-	fmt.Fprintf(&sb, "allreduce float32 sum, in place, %d ranks (one per GPU, one process), %s, NCCL %s (%s)\n\n", world, name, VersionString(lib.version), lib.path)
+	fmt.Fprintf(&sb, "allreduce float32 sum, in place, %d ranks (%s), %s, NCCL %s (%s); rank %d's view\n\n", world, layout, name, VersionString(lib.version), lib.path, envs[0].r)
 	sb.WriteString("| bytes | raw NCCL us/op | gocoll sync us/op | gocoll async+Wait us/op | raw host ns/call | gocoll sync host ns/call | gocoll async+Wait host ns/call | raw busbw GB/s | gocoll busbw GB/s | busbw ratio |\n")
 	sb.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
