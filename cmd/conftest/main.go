@@ -1,0 +1,138 @@
+// Command conftest runs gocoll's conformance suite and benchmarks over N
+// rank processes on this machine, started as torchrun starts torch ranks
+// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0 hosts the TCPStore).
+//
+//	conftest [--backend cpupool] [--nproc 4] [--report out/conformance] [--label-filter 'ops && !stress'] [--focus allreduce]
+//	conftest ops                       the op × backend table
+//	conftest bench [--nproc 2,4] [--gloo]   allreduce 8 B … 64 MiB, nccl-tests units
+//
+// The exit status is non-zero when a spec fails on any rank.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/gocoll/gocoll/backends/cpupool"
+	"github.com/gocoll/gocoll/conformance"
+)
+
+func main() {
+	args := os.Args[1:]
+	cmd := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	code := 0
+	switch cmd {
+	case "run":
+		code, err = run(args)
+	case "rank":
+		err = rank(args) // a rank process of run; exits itself
+	case "ops":
+		err = ops(args)
+	case "bench":
+		err = bench(args)
+	case "bench-rank":
+		err = benchRank(args)
+	case "help":
+		usage()
+	default:
+		err = fmt.Errorf("unknown command %q", cmd)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conftest:", err)
+		if code == 0 {
+			code = 2
+		}
+	}
+	os.Exit(code)
+}
+
+func usage() {
+	fmt.Fprint(os.Stderr, `usage:
+  conftest [flags]          run the conformance suite over --nproc rank processes
+  conftest ops              print the op × backend table
+  conftest bench [flags]    allreduce benchmark (with --gloo: torch gloo side by side)
+run "conftest -h" or "conftest bench -h" for the flags
+`)
+}
+
+// suiteFlags are the flags that the launcher passes on to every rank.
+type suiteFlags struct {
+	backend, labels, focus string
+	seed                   int64
+	timeout                time.Duration
+	threads                int
+}
+
+func (f *suiteFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.backend, "backend", "cpupool", "backend string (a name, or device:backend pairs)")
+	fs.StringVar(&f.labels, "label-filter", "", "Ginkgo label filter, e.g. 'ops && !stress' (labels: ops dtypes errors async lifetime timeout p2p stress)")
+	fs.StringVar(&f.focus, "focus", "", "run only specs whose text matches this regular expression")
+	fs.Int64Var(&f.seed, "seed", 0, "suite random seed (default: rank 0 draws one)")
+	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "op timeout of the spec groups")
+	fs.IntVar(&f.threads, "threads", 8, "cpupool worker threads (the stress specs want 8)")
+}
+
+func (f *suiteFlags) args() []string {
+	return []string{"--backend", f.backend, "--label-filter", f.labels, "--focus", f.focus,
+		"--seed", fmt.Sprint(f.seed), "--timeout", f.timeout.String(), "--threads", fmt.Sprint(f.threads)}
+}
+
+func run(args []string) (int, error) {
+	fs := flag.NewFlagSet("conftest", flag.ExitOnError)
+	var sf suiteFlags
+	sf.register(fs)
+	nproc := fs.Int("nproc", 2, "number of rank processes")
+	report := fs.String("report", "", "write the merged reports to PATH.xml (JUnit) and PATH.json")
+	total := fs.Duration("run-timeout", 30*time.Minute, "bound on the whole run")
+	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return 2, err
+	}
+	fmt.Printf("conftest: %s, %d ranks\n", sf.backend, *nproc)
+	res, err := conformance.Launch(context.Background(), conformance.LaunchConfig{
+		Command: append([]string{exe, "rank"}, sf.args()...),
+		NProc:   *nproc,
+		Report:  *report,
+		Timeout: *total,
+	})
+	if err != nil {
+		return 2, err
+	}
+	if !res.OK() {
+		return 1, nil
+	}
+	return 0, nil
+}
+
+func rank(args []string) error {
+	fs := flag.NewFlagSet("conftest rank", flag.ExitOnError)
+	var sf suiteFlags
+	sf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg := conformance.RankConfig{
+		Backend:        sf.backend,
+		Seed:           sf.seed,
+		LabelFilter:    sf.labels,
+		Timeout:        sf.timeout,
+		BackendOptions: map[string]any{cpupool.Name: &cpupool.Options{Threads: sf.threads}},
+	}
+	if sf.focus != "" {
+		cfg.Focus = []string{sf.focus}
+	}
+	conformance.Main(cfg)
+	return errors.New("unreachable")
+}

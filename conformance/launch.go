@@ -1,0 +1,312 @@
+package conformance
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/onsi/ginkgo/v2/reporters"
+	"github.com/onsi/ginkgo/v2/types"
+)
+
+// EnvReport names the variable through which Launch tells a rank where to
+// write its JSON report.
+const EnvReport = "GOCOLL_CONFTEST_REPORT"
+
+// LaunchConfig starts a run of N rank processes.
+type LaunchConfig struct {
+	// Command is the rank program and its arguments; each rank runs it with
+	// torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+	// MASTER_PORT) and EnvReport added to Env.
+	Command []string
+	// Env is the environment of the ranks (default os.Environ()).
+	Env []string
+	// NProc is the number of ranks.
+	NProc int
+	// Out receives the progress lines and the summary (default os.Stdout).
+	Out io.Writer
+	// Report, when set, is the path prefix of the merged reports:
+	// Report+".xml" (JUnit) and Report+".json" (Ginkgo JSON).
+	Report string
+	// Timeout bounds the whole run (default 30 minutes).
+	Timeout time.Duration
+}
+
+// Result is a run's outcome.
+type Result struct {
+	Passed, Failed, Skipped int
+	// ExitCodes of the rank processes.
+	ExitCodes []int
+	// Report merges the ranks' reports: a spec fails when it failed on any
+	// rank.
+	Report types.Report
+}
+
+// OK reports whether every rank exited cleanly and no spec failed.
+func (r Result) OK() bool {
+	for _, c := range r.ExitCodes {
+		if c != 0 {
+			return false
+		}
+	}
+	return r.Failed == 0 && r.Passed+r.Skipped > 0
+}
+
+// Launch runs the suite on cfg.NProc rank processes and merges their
+// reports. It prints rank 0's progress lines as they come, then a summary.
+func Launch(ctx context.Context, cfg LaunchConfig) (Result, error) {
+	if cfg.NProc < 1 || len(cfg.Command) == 0 {
+		return Result{}, errors.New("conformance: launch needs a command and at least one rank")
+	}
+	if cfg.Out == nil {
+		cfg.Out = os.Stdout
+	}
+	if cfg.Env == nil {
+		cfg.Env = os.Environ()
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "conftest-")
+	if err != nil {
+		return Result{}, err
+	}
+	defer os.RemoveAll(dir)
+	port, err := freePort()
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{ExitCodes: make([]int, cfg.NProc)}
+	logs := make([]*strings.Builder, cfg.NProc)
+	var outMu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for r := range cfg.NProc {
+		logs[r] = &strings.Builder{}
+		cmd := exec.CommandContext(ctx, cfg.Command[0], cfg.Command[1:]...)
+		cmd.Env = append(append([]string{}, cfg.Env...),
+			"RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(cfg.NProc),
+			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
+			EnvReport+"="+filepath.Join(dir, fmt.Sprintf("rank%d.json", r)))
+		cmd.WaitDelay = 5 * time.Second
+		pr, pw := io.Pipe()
+		cmd.Stdout, cmd.Stderr = pw, pw
+		if err := cmd.Start(); err != nil {
+			cancel()
+			return res, fmt.Errorf("conformance: starting rank %d: %w", r, err)
+		}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			sc := bufio.NewScanner(pr)
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			for sc.Scan() {
+				line := sc.Text()
+				// Ginkgo's succinct dots share the line with the progress.
+				if i := strings.Index(line, ProgressPrefix); r == 0 && i >= 0 {
+					outMu.Lock()
+					fmt.Fprintln(cfg.Out, line[i+len(ProgressPrefix):])
+					outMu.Unlock()
+					continue
+				}
+				logs[r].WriteString(line)
+				logs[r].WriteByte('\n')
+			}
+			_, _ = io.Copy(io.Discard, pr)
+		}()
+		go func() {
+			defer wg.Done()
+			err := cmd.Wait()
+			pw.Close()
+			if err != nil {
+				res.ExitCodes[r] = 1
+				var ee *exec.ExitError
+				if errors.As(err, &ee) && ee.ExitCode() > 0 {
+					res.ExitCodes[r] = ee.ExitCode()
+				}
+				if res.ExitCodes[r] == 2 || ee == nil || ee.ExitCode() < 0 {
+					cancel() // a setup error or a crash: the others would only wait
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	reports := make([]*types.Report, cfg.NProc)
+	for r := range reports {
+		reports[r] = readReport(filepath.Join(dir, fmt.Sprintf("rank%d.json", r)))
+	}
+	res.Report = merge(reports)
+	for _, sp := range res.Report.SpecReports {
+		if sp.LeafNodeType != types.NodeTypeIt {
+			continue
+		}
+		switch {
+		case sp.State == types.SpecStateSkipped:
+			res.Skipped++
+		case sp.Failed():
+			res.Failed++
+		case sp.State == types.SpecStatePassed:
+			res.Passed++
+		}
+	}
+	summarize(cfg.Out, &res, reports, logs, time.Since(start))
+	if cfg.Report != "" {
+		if err := reporters.GenerateJUnitReport(res.Report, cfg.Report+".xml"); err != nil {
+			return res, err
+		}
+		if err := reporters.GenerateJSONReport(res.Report, cfg.Report+".json"); err != nil {
+			return res, err
+		}
+		fmt.Fprintf(cfg.Out, "reports: %s.xml (JUnit), %s.json\n", cfg.Report, cfg.Report)
+	}
+	return res, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("conformance: finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func readReport(path string) *types.Report {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var rs []types.Report
+	if json.Unmarshal(b, &rs) != nil || len(rs) == 0 {
+		return nil
+	}
+	return &rs[0]
+}
+
+// merge takes the first rank's report and marks a spec failed when another
+// rank failed it, prefixing the failure with that rank.
+func merge(reports []*types.Report) types.Report {
+	var base types.Report
+	baseRank := -1
+	for r, rep := range reports {
+		if rep != nil {
+			base, baseRank = *rep, r
+			break
+		}
+	}
+	if baseRank < 0 {
+		return base
+	}
+	base.SpecReports = append(types.SpecReports{}, base.SpecReports...)
+	index := map[string]int{}
+	for i, sp := range base.SpecReports {
+		index[specKey(sp)] = i
+	}
+	for r, rep := range reports {
+		if rep == nil || r == baseRank {
+			continue
+		}
+		if !rep.SuiteSucceeded {
+			base.SuiteSucceeded = false
+		}
+		for _, sp := range rep.SpecReports {
+			i, ok := index[specKey(sp)]
+			if !ok || !sp.Failed() || base.SpecReports[i].Failed() {
+				continue
+			}
+			f := sp.Failure
+			f.Message = fmt.Sprintf("[rank %d] %s", r, f.Message)
+			base.SpecReports[i].State = sp.State
+			base.SpecReports[i].Failure = f
+			base.SuiteSucceeded = false
+		}
+	}
+	return base
+}
+
+func specKey(sp types.SpecReport) string {
+	return fmt.Sprintf("%s|%s|%d", sp.LeafNodeType, sp.FullText(), sp.LeafNodeLocation.LineNumber)
+}
+
+// summarize prints the per-spec table of failures and the totals; on a
+// failed rank it prints the tail of that rank's output.
+func summarize(out io.Writer, res *Result, reports []*types.Report, logs []*strings.Builder, took time.Duration) {
+	fmt.Fprintln(out)
+	fmt.Fprintln(out, "Summary by spec (a spec fails when it fails on any rank):")
+	type row struct {
+		text  string
+		state []string
+	}
+	var rows []row
+	byText := map[string]int{}
+	for r, rep := range reports {
+		if rep == nil {
+			continue
+		}
+		for _, sp := range rep.SpecReports {
+			if sp.LeafNodeType != types.NodeTypeIt {
+				continue
+			}
+			k := specKey(sp)
+			i, ok := byText[k]
+			if !ok {
+				i = len(rows)
+				byText[k] = i
+				rows = append(rows, row{text: sp.FullText(), state: make([]string, len(reports))})
+			}
+			rows[i].state[r] = sp.State.String()
+		}
+	}
+	sort.SliceStable(rows, func(i, j int) bool { return rows[i].text < rows[j].text })
+	shown := 0
+	for _, rw := range rows {
+		verdict := "passed"
+		for _, st := range rw.state {
+			switch st {
+			case "skipped":
+				if verdict == "passed" {
+					verdict = "skipped"
+				}
+			case "passed":
+			default:
+				verdict = "FAILED"
+			}
+		}
+		if verdict == "FAILED" || len(rows) <= 40 {
+			fmt.Fprintf(out, "  %-7s %s   (ranks: %s)\n", verdict, rw.text, strings.Join(rw.state, " "))
+			shown++
+		}
+	}
+	if shown < len(rows) {
+		fmt.Fprintf(out, "  ... %d more specs passed or skipped on every rank\n", len(rows)-shown)
+	}
+	for _, sp := range res.Report.SpecReports {
+		if sp.Failed() {
+			fmt.Fprintf(out, "\nFAILED %s\n  %s\n  at %s\n", sp.FullText(), sp.Failure.Message, sp.Failure.Location)
+		}
+	}
+	for r, c := range res.ExitCodes {
+		if c != 0 && (reports[r] == nil || res.Failed == 0) {
+			tail := logs[r].String()
+			if len(tail) > 4000 {
+				tail = "..." + tail[len(tail)-4000:]
+			}
+			fmt.Fprintf(out, "\nrank %d exited with status %d; its output:\n%s\n", r, c, tail)
+		}
+	}
+	fmt.Fprintf(out, "\n%d passed, %d failed, %d skipped on %d ranks in %v\n", res.Passed, res.Failed, res.Skipped, len(res.ExitCodes), took.Round(time.Millisecond))
+}
