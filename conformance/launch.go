@@ -155,6 +155,8 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Result, error) {
 			continue
 		}
 		switch {
+		case sp.State == types.SpecStateSkipped && sp.Failure.Message == "":
+			// filtered out: not part of the run
 		case sp.State == types.SpecStateSkipped:
 			res.Skipped++
 		case sp.Failed():
@@ -258,7 +260,7 @@ func summarize(out io.Writer, res *Result, reports []*types.Report, logs []*stri
 			continue
 		}
 		for _, sp := range rep.SpecReports {
-			if sp.LeafNodeType != types.NodeTypeIt {
+			if sp.LeafNodeType != types.NodeTypeIt || (sp.State == types.SpecStateSkipped && sp.Failure.Message == "") {
 				continue
 			}
 			k := specKey(sp)

@@ -310,6 +310,9 @@ func (s *Suite) declare(progress io.Writer) {
 	})
 	if progress != nil && s.Rank == 0 {
 		ReportAfterEach(func(r SpecReport) {
+			if r.State == types.SpecStateSkipped && r.Failure.Message == "" {
+				return // filtered out by label or focus: not part of the run
+			}
 			done++
 			state := "ok"
 			switch {
