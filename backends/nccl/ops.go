@@ -101,6 +101,11 @@ func redOp(r backend.ReduceOp, dt tensor.DType, worldOne bool) (C.int, uint64, e
 		case tensor.Float64:
 			return -1, math.Float64bits(r.Factor), nil
 		case tensor.Float16, tensor.BFloat16, tensor.Float8E4M3, tensor.Float8E5M2:
+			if worldOne && (dt == tensor.Float8E4M3 || dt == tensor.Float8E5M2) {
+				// Seen on NCCL 2.28.3: ncclInvalidArgument for a float8
+				// PREMUL_SUM on a one-rank communicator.
+				return 0, 0, fmt.Errorf("%w: NCCL cannot do PREMUL_SUM on %v with a single rank", backend.ErrUnsupported, dt)
+			}
 			h, err := tensor.FromFloat64s(dt, []float64{r.Factor})
 			if err != nil {
 				return 0, 0, err

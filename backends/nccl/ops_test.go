@@ -66,8 +66,8 @@ func TestEveryOpEveryDType(t *testing.T) {
 			if dt != tensor.Bool {
 				ops = append(ops, backend.AVG)
 			}
-			if dt.IsFloat() {
-				ops = append(ops, backend.PremulSum(2))
+			if dt.IsFloat() && !(world == 1 && (dt == tensor.Float8E4M3 || dt == tensor.Float8E5M2)) {
+				ops = append(ops, backend.PremulSum(2)) // one-rank float8 PREMUL_SUM: ErrUnsupported (NCCL)
 			}
 			each(t, envs, func(e *rankEnv) error {
 				mk := func(k int, f func(i int) float64) *tensor.Tensor {

@@ -97,10 +97,12 @@ func TestPerfProcesses(t *testing.T) {
 	defer srv.Close()
 	exe, _ := os.Executable()
 	var cmds []*exec.Cmd
+	cctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
 	for r := range world {
-		cmd := exec.Command(exe, "-test.run", "^TestPerfRank$", "-test.v", "-test.count=1")
+		cmd := exec.CommandContext(cctx, exe, "-test.run", "^TestPerfRank$", "-test.v", "-test.count=1")
 		cmd.Env = append(os.Environ(), fmt.Sprintf("GOCOLL_PERF_RANK=%d", r), fmt.Sprintf("GOCOLL_PERF_WORLD=%d", world),
-			fmt.Sprintf("GOCOLL_PERF_STORE=127.0.0.1:%d", srv.Port()))
+			fmt.Sprintf("GOCOLL_PERF_STORE=127.0.0.1:%d", srv.Port()), "NCCL_DEBUG=WARN")
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -123,11 +125,12 @@ func TestPerfRank(t *testing.T) {
 	gpus(t)
 	r, _ := strconv.Atoi(rs)
 	world, _ := strconv.Atoi(os.Getenv("GOCOLL_PERF_WORLD"))
-	st, err := store.DialTCPStore(context.Background(), os.Getenv("GOCOLL_PERF_STORE"), store.ClientOptions{Timeout: time.Minute})
+	tcp, err := store.DialTCPStore(context.Background(), os.Getenv("GOCOLL_PERF_STORE"), store.ClientOptions{Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	defer tcp.Close()
+	st := pollStore{tcp}
 	dev := tensor.CUDADevice(r)
 	b, err := New(context.Background(), backend.Config{Store: st, Rank: r, WorldSize: world, GroupName: "0", GroupDesc: "perf",
 		Timeout: time.Minute, Device: &dev, Options: testOpts()})
@@ -250,4 +253,30 @@ func BenchmarkAsyncAllreduceHostCost(b *testing.B) {
 		return nil
 	})
 	b.ReportMetric(float64(host[0].Nanoseconds())/float64(b.N), "host-ns/call")
+}
+
+// pollStore waits for keys by polling Check: on 2026-11-29 the TCPStore
+// client's Get of a key set later by another client never returned (the
+// store owner has the report), which hung the multi-process run.
+type pollStore struct{ store.Store }
+
+func (p pollStore) Wait(ctx context.Context, keys ...string) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ok, err := p.Store.Check(ctx, keys...)
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pollStore: keys %v never appeared", keys)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (p pollStore) Get(ctx context.Context, key string) ([]byte, error) {
+	if err := p.Wait(ctx, key); err != nil {
+		return nil, err
+	}
+	return p.Store.Get(ctx, key)
 }
