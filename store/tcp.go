@@ -259,7 +259,7 @@ func (c *TCPStore) dialOnce(ctx context.Context, deadline time.Time) (net.Conn, 
 		_ = tc.SetNoDelay(true)
 	}
 	_ = nc.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	stop := interruptOnDone(ctx, nc)
 	defer stop()
 	fail := func(err error) (net.Conn, error) {
 		_ = nc.Close()
@@ -336,7 +336,7 @@ func (c *TCPStore) callLocked(ctx context.Context, o op, keys []string, build fu
 	}
 	deadline := c.deadline(ctx, start)
 	_ = c.nc.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
+	stop := interruptOnDone(ctx, c.nc)
 	c.wbuf = build(append(c.wbuf[:0], code))
 	_, err := c.nc.Write(c.wbuf)
 	if err == nil && read != nil {
@@ -372,6 +372,27 @@ func (c *TCPStore) wrapIOErr(ctx context.Context, o op, keys []string, start tim
 	return c.errorf(o, keys, start, "%w", err)
 }
 
+// interruptOnDone makes a blocked read or write on nc fail when ctx ends.
+// The returned stop reports whether ctx did not interrupt; once it returns,
+// the interruption is over and nc's deadline may be set again.
+func interruptOnDone(ctx context.Context, nc net.Conn) (stop func() bool) {
+	done := make(chan struct{})
+	af := context.AfterFunc(ctx, func() {
+		_ = nc.SetDeadline(time.Unix(1, 0))
+		close(done)
+	})
+	var once sync.Once
+	var notInterrupted bool
+	return func() bool {
+		once.Do(func() {
+			if notInterrupted = af(); !notInterrupted {
+				<-done
+			}
+		})
+		return notInterrupted
+	}
+}
+
 // ctxDeadlineFirst reports whether the call's deadline is ctx's own.
 func ctxDeadlineFirst(ctx context.Context, deadline time.Time) bool {
 	d, ok := ctx.Deadline()
@@ -405,7 +426,7 @@ func (c *TCPStore) waitLocked(ctx context.Context, start time.Time, keys []strin
 	c.wbuf = b
 	deadline := c.deadline(ctx, start)
 	_ = c.nc.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(time.Unix(1, 0)) })
+	stop := interruptOnDone(ctx, c.nc)
 	_, err := c.nc.Write(b)
 	var r byte
 	if err == nil {
