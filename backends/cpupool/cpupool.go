@@ -70,13 +70,16 @@ type Options struct {
 	// group timeout, or 5 minutes).
 	ConnectTimeout time.Duration
 	// SegmentBytes is the piece large messages are cut into so that sending,
-	// receiving and reducing overlap (default 512 KiB).
+	// receiving and reducing overlap (default 1 MiB, as Gloo's maxSegmentSize).
 	SegmentBytes int
 	// SmallBytes is the size up to which allreduce uses recursive doubling
 	// rather than the ring (default 256 KiB).
 	SmallBytes int
 	// Window is how many segment receives are posted ahead (default 4).
 	Window int
+	// SocketBufferBytes, when > 0, sets SO_SNDBUF and SO_RCVBUF of the
+	// connections (default: the kernel's autotuning).
+	SocketBufferBytes int
 	// MaxMessageBytes bounds a message that arrives before its receive is
 	// posted (default 4 GiB).
 	MaxMessageBytes int64
@@ -131,7 +134,8 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	mesh, err := tcpmesh.Connect(ctx, tcpmesh.Config{
 		Rank: cfg.Rank, Size: cfg.WorldSize, Store: cfg.Store, Host: opts.Host,
 		ConnectTimeout: opts.ConnectTimeout, MaxMessage: opts.MaxMessageBytes, Pool: &b.pool,
-		OnProbe: func() uint64 { return b.issued.Load() },
+		SocketBuffer: opts.SocketBufferBytes,
+		OnProbe:      func() uint64 { return b.issued.Load() },
 	})
 	if err != nil {
 		return nil, &backend.OpError{Op: "init", Rank: cfg.Rank, Backend: Name, Kind: backend.ErrUnavailable, Err: err}
@@ -168,7 +172,7 @@ func (o *Options) fill(cfg backend.Config) error {
 	if o.Threads == 0 {
 		o.Threads = 2
 	}
-	if o.Threads < 0 || o.SegmentBytes < 0 || o.SmallBytes < 0 || o.Window < 0 || o.MaxMessageBytes < 0 || o.ConnectTimeout < 0 {
+	if o.Threads < 0 || o.SegmentBytes < 0 || o.SmallBytes < 0 || o.Window < 0 || o.MaxMessageBytes < 0 || o.ConnectTimeout < 0 || o.SocketBufferBytes < 0 {
 		return fmt.Errorf("%w: cpupool: negative option in %+v", backend.ErrInvalidArgument, *o)
 	}
 	if o.ConnectTimeout == 0 {

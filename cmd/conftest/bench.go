@@ -39,6 +39,8 @@ func bench(args []string) error {
 	python := fs.String("python", "/usr/bin/python3", "python with torch, for --gloo")
 	script := fs.String("script", "scripts/bench_gloo.py", "the gloo benchmark script")
 	scale := fs.Float64("iters", 1, "scale the iteration counts")
+	sizeList := fs.String("sizes", "8,64,512,4K,32K,64K,256K,1M,4M,16M,64M", "message sizes (overrides --min/--max/--factor when set)")
+	tune := fs.String("tune", "", "extra bench-rank flags for cpupool, e.g. '--segment 1048576 --sockbuf 4194304'")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -57,6 +59,16 @@ func bench(args []string) error {
 	if last, _ := strconv.Atoi(sizes[len(sizes)-1]); last != hi {
 		sizes = append(sizes, strconv.Itoa(hi))
 	}
+	if *sizeList != "" {
+		sizes = sizes[:0]
+		for _, x := range strings.Split(*sizeList, ",") {
+			b, err := parseBytes(strings.TrimSpace(x))
+			if err != nil {
+				return err
+			}
+			sizes = append(sizes, strconv.Itoa(b))
+		}
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -67,7 +79,7 @@ func bench(args []string) error {
 			return fmt.Errorf("bad --nproc %q", ns)
 		}
 		ours, err := launchBench(n, func(port int) []string {
-			return []string{exe, "bench-rank", "--sizes", strings.Join(sizes, ","), "--threads", strconv.Itoa(*threads), "--iters", fmt.Sprint(*scale)}
+			return append([]string{exe, "bench-rank", "--sizes", strings.Join(sizes, ","), "--threads", strconv.Itoa(*threads), "--iters", fmt.Sprint(*scale)}, strings.Fields(*tune)...)
 		}, true)
 		if err != nil {
 			return fmt.Errorf("gocoll bench, %d ranks: %w", n, err)
@@ -101,7 +113,7 @@ func parseBytes(s string) (int, error) {
 		mult, s = 1<<30, strings.TrimSuffix(s, "G")
 	}
 	v, err := strconv.Atoi(s)
-	if err != nil || v < 4 {
+	if err != nil || v*mult < 4 {
 		return 0, fmt.Errorf("bad size %q (at least 4 bytes)", s)
 	}
 	return v * mult, nil
@@ -153,7 +165,7 @@ func launchBench(n int, command func(port int) []string, env bool) (map[int]floa
 			}
 			if err := cmd.Wait(); err != nil {
 				errs[r] = fmt.Errorf("process %d: %w: %s", r, err, stderr.String())
-				cancel()
+				time.AfterFunc(3*time.Second, cancel) // let the others report first
 			}
 		})
 	}
@@ -191,12 +203,18 @@ func benchRank(args []string) error {
 	sizes := fs.String("sizes", "8", "message sizes in bytes")
 	threads := fs.Int("threads", 2, "cpupool worker threads")
 	scale := fs.Float64("iters", 1, "scale the iteration counts")
+	var o cpupool.Options
+	fs.IntVar(&o.SegmentBytes, "segment", 0, "cpupool SegmentBytes (0: default)")
+	fs.IntVar(&o.SmallBytes, "small", 0, "cpupool SmallBytes (0: default)")
+	fs.IntVar(&o.Window, "window", 0, "cpupool Window (0: default)")
+	fs.IntVar(&o.SocketBufferBytes, "sockbuf", 0, "cpupool SocketBufferBytes (0: kernel autotuning)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	o.Threads = *threads
 	ctx := context.Background()
 	pg, err := dispatcher.InitFromEnv(ctx, dispatcher.Config{Backend: cpupool.Name, Timeout: 5 * time.Minute,
-		BackendOptions: map[string]any{cpupool.Name: &cpupool.Options{Threads: *threads}}})
+		BackendOptions: map[string]any{cpupool.Name: &o}})
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ type Comm struct {
 	// Pool supplies scratch buffers; nil means allocate.
 	Pool *Pool
 	// Segment is the size in bytes of the pieces large messages are cut
-	// into, so that sending, receiving and reducing overlap (default 512 KiB).
+	// into, so that sending, receiving and reducing overlap (default 1 MiB, as Gloo's maxSegmentSize).
 	Segment int
 	// Window is how many segment receives are posted ahead (default 4).
 	Window int
@@ -28,7 +28,7 @@ type Comm struct {
 
 // Defaults of Comm.
 const (
-	DefaultSegment = 512 << 10
+	DefaultSegment = 1 << 20
 	DefaultWindow  = 4
 	DefaultSmall   = 256 << 10
 )

@@ -259,7 +259,7 @@ func TestPeerDeathFailsPending(t *testing.T) {
 	ms := meshes(t, 3)
 	q := ms[0].Irecv(2, 5, make([]byte, 8))
 	q2 := ms[0].Irecv(1, 5, make([]byte, 8)) // rank 1 is alive, but the mesh is broken
-	_ = ms[2].Close()
+	ms[2].Abort(errors.New("crash")) // no goodbye: the peers see a dead connection
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := q.Wait(ctx)
@@ -306,5 +306,25 @@ func TestUnexpectedAndAnySource(t *testing.T) {
 	defer cancel()
 	if err := ms[0].Irecv(2, 99, b).Wait(tctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("want deadline, got %v", err)
+	}
+}
+
+func TestOrderlyCloseFailsOnlyThatPeer(t *testing.T) {
+	ms := meshes(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	q := ms[0].Irecv(2, 5, make([]byte, 8))
+	b := make([]byte, 2)
+	q1 := ms[0].Irecv(1, 5, b)
+	_ = ms[2].Close()
+	var pe *tcpmesh.PeerError
+	if err := q.Wait(ctx); !errors.As(err, &pe) || pe.Rank != 2 || !errors.Is(err, tcpmesh.ErrPeerClosed) {
+		t.Fatalf("want ErrPeerClosed from rank 2, got %v", err)
+	}
+	if err := ms[1].Send(ctx, 0, 5, []byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	if err := q1.Wait(ctx); err != nil || string(b) != "ok" {
+		t.Fatalf("rank 1 still reachable: %q %v", b, err)
 	}
 }

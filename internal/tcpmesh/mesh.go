@@ -16,10 +16,12 @@
 // its receive is posted. Writers take the connection's lock for one whole
 // frame, so concurrent ops never interleave on the wire.
 //
-// Failure: when any connection fails (the peer died or closed), every
-// posted receive and every later call fails with a *PeerError naming that
-// rank: a collective over a broken mesh cannot complete, and failing fast
-// beats waiting for the timeout.
+// Failure: when a connection fails without the peer's goodbye (the peer
+// died or aborted), every posted receive and every later call fails with a
+// *PeerError naming that rank: a collective over a broken mesh cannot
+// complete, and failing fast beats waiting for the timeout. A peer that
+// closes in order says goodbye first; then only receives from that peer
+// fail (it may close while slower ranks still finish with the others).
 package tcpmesh
 
 import (
@@ -45,6 +47,7 @@ const (
 	kindData       = 1
 	kindProbe      = 2 // tag: probe id; no payload
 	kindProbeReply = 3 // tag: probe id; payload: 8-byte value
+	kindBye        = 4 // the peer closes in order; no payload
 	hdrLen         = 24
 	helloMagic     = 0x67636f6c // "gcol"
 	smallWrite     = 32 << 10   // payloads up to this are copied next to the header: one syscall
@@ -54,6 +57,9 @@ const (
 var (
 	// ErrClosed is the cause of failures after Close.
 	ErrClosed = errors.New("tcpmesh: closed")
+	// ErrPeerClosed is the cause of a receive from a peer that closed in
+	// order before sending the message.
+	ErrPeerClosed = errors.New("tcpmesh: peer closed")
 	// ErrSize is a receive whose buffer does not match the message's length.
 	ErrSize = errors.New("tcpmesh: message size mismatch")
 )
@@ -88,6 +94,10 @@ type Config struct {
 	MaxMessage int64
 	// Pool recycles buffers of unexpected messages; nil means a private one.
 	Pool *coll.Pool
+	// SocketBuffer, when > 0, sets the kernel send and receive buffer sizes
+	// of every connection (SO_SNDBUF, SO_RCVBUF); 0 leaves the kernel's
+	// autotuning alone.
+	SocketBuffer int
 	// OnProbe answers a peer's Probe (e.g. with the number of collectives
 	// this rank has issued). Nil answers 0.
 	OnProbe func() uint64
@@ -113,6 +123,7 @@ type Mesh struct {
 	unexpected map[key]msgList
 	arrivals   uint64 // arrival counter, orders unexpected messages for anysource
 	broken     error
+	gone       []error // per peer: closed in order
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
 
@@ -157,6 +168,7 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 		anyPosted:  map[uint64]reqList{},
 		unexpected: map[key]msgList{},
 		probes:     map[uint64]chan uint64{},
+		gone:       make([]error, cfg.Size),
 	}
 	if m.pool == nil {
 		m.pool = &coll.Pool{}
@@ -235,6 +247,10 @@ func (m *Mesh) rendezvous(ctx context.Context) error {
 
 func (m *Mesh) newPeer(rank int, c *net.TCPConn) *peer {
 	_ = c.SetNoDelay(true)
+	if m.cfg.SocketBuffer > 0 {
+		_ = c.SetReadBuffer(m.cfg.SocketBuffer)
+		_ = c.SetWriteBuffer(m.cfg.SocketBuffer)
+	}
 	return &peer{rank: rank, conn: c, br: bufio.NewReaderSize(c, 256<<10), wbuf: make([]byte, hdrLen+smallWrite)}
 }
 
@@ -432,9 +448,12 @@ func (m *Mesh) readLoop(p *peer) {
 	defer m.readers.Done()
 	var h [hdrLen]byte
 	var v [8]byte
+	bye := false
 	for {
 		if _, err := io.ReadFull(p.br, h[:]); err != nil {
-			m.fail(&PeerError{Rank: p.rank, Err: err})
+			if !bye || err != io.EOF {
+				m.fail(&PeerError{Rank: p.rank, Err: err})
+			}
 			return
 		}
 		kind := h[0]
@@ -461,6 +480,9 @@ func (m *Mesh) readLoop(p *peer) {
 				defer cancel()
 				_ = m.write(ctx, p.rank, kindProbeReply, tag, b[:])
 			}()
+		case kindBye:
+			bye = true
+			m.peerGone(p.rank)
 		case kindProbeReply:
 			if n != 8 {
 				err = fmt.Errorf("probe reply of %d bytes", n)
@@ -618,6 +640,13 @@ func (m *Mesh) irecv(peer int, tag uint64, buf []byte) *Req {
 		m.fill(r, mg)
 		return r
 	}
+	if peer >= 0 && m.gone[peer] != nil {
+		err := m.gone[peer]
+		m.mu.Unlock()
+		r.state = stateClaimed
+		r.complete(err)
+		return r
+	}
 	r.state = statePosted
 	if peer >= 0 {
 		pushReq(m.posted, key{peer, tag}, r)
@@ -626,6 +655,29 @@ func (m *Mesh) irecv(peer int, tag uint64, buf []byte) *Req {
 	}
 	m.mu.Unlock()
 	return r
+}
+
+// peerGone records an orderly close of peer and fails the receives posted
+// from it.
+func (m *Mesh) peerGone(peer int) {
+	err := &PeerError{Rank: peer, Err: ErrPeerClosed}
+	m.mu.Lock()
+	m.gone[peer] = err
+	var victims []*Req
+	for k, l := range m.posted {
+		if k.peer != peer {
+			continue
+		}
+		for r := l.pop(); r != nil; r = l.pop() {
+			r.state = stateClaimed
+			victims = append(victims, r)
+		}
+		delete(m.posted, k)
+	}
+	m.mu.Unlock()
+	for _, r := range victims {
+		r.complete(err)
+	}
 }
 
 // fail breaks the mesh with err (the first error wins) and fails every
@@ -671,6 +723,15 @@ func (m *Mesh) Abort(err error) {
 // Close shuts the connections down and waits for the readers to exit.
 // Pending receives fail with ErrClosed.
 func (m *Mesh) Close() error {
+	if m.Err() == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		for _, p := range m.peers {
+			if p != nil {
+				_ = m.write(ctx, p.rank, kindBye, 0, nil)
+			}
+		}
+		cancel()
+	}
 	m.fail(ErrClosed)
 	for _, p := range m.peers {
 		if p != nil {
