@@ -60,6 +60,11 @@ type Config struct {
 	// every rank has arrived. PyTorch has the same switch
 	// (TORCH_DIST_INIT_BARRIER=0).
 	SkipInitBarrier bool
+	// FlightRecorder configures the flight recorder, which is on by default;
+	// the GOCOLL_TRACE_BUFFER_SIZE, GOCOLL_DEBUG_INFO_TEMP_FILE,
+	// GOCOLL_DEBUG_INFO_PIPE_FILE and GOCOLL_DUMP_ON_TIMEOUT variables (or
+	// their TORCH_NCCL_ names) override it.
+	FlightRecorder FlightRecorderOptions
 }
 
 // ProcessGroup is a set of ranks that run collectives together. Its methods
@@ -75,6 +80,7 @@ type ProcessGroup struct {
 	timeout    time.Duration
 	cfg        Config
 	root       *ProcessGroup // the default group; itself for the default group
+	recorder   *FlightRecorder // shared by every group of the process; nil when off
 
 	backends    []slot // indexed by tensor.DeviceType
 	nextGroupID atomic.Uint64
@@ -123,12 +129,24 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 		return nil, fmt.Errorf("dispatcher: %w", err)
 	}
 	pg.store = st
+	fro, err := flightRecorderFromEnv(cfg.FlightRecorder)
+	if err != nil {
+		return nil, err
+	}
+	if fro.Entries >= 0 {
+		if pg.recorder, err = newFlightRecorder(fro, cfg.Rank, cfg.WorldSize); err != nil {
+			return nil, err
+		}
+		pg.recorder.attach(pg)
+	}
 	if err := pg.build(ctx, nil); err != nil {
+		pg.stopRecorder()
 		return nil, err
 	}
 	if !cfg.SkipInitBarrier {
 		if err := pg.storeBarrier(ctx, "init", cfg.Timeout); err != nil {
 			pg.Abort(ctx, err)
+			pg.stopRecorder()
 			return nil, err
 		}
 	}
@@ -288,10 +306,13 @@ func (pg *ProcessGroup) NewGroup(ctx context.Context, ranks []int, opts GroupOpt
 		timeout = opts.Timeout
 	}
 	g := &ProcessGroup{rank: slices.Index(ranks, root.globalRank), size: len(ranks), globalRank: root.globalRank,
-		ranks: ranks, name: name, desc: desc, timeout: timeout, cfg: root.cfg, root: root}
+		ranks: ranks, name: name, desc: desc, timeout: timeout, cfg: root.cfg, root: root, recorder: root.recorder}
 	g.cfg.Timeout = timeout
 	if g.rank < 0 {
 		return g, nil
+	}
+	if g.recorder != nil {
+		g.recorder.attach(g)
 	}
 	st, err := store.NewPrefixStore("group/"+name, root.cfg.Store)
 	if err != nil {
@@ -313,6 +334,9 @@ func (pg *ProcessGroup) Close(ctx context.Context) error {
 		return nil
 	}
 	err := pg.closeBackends(ctx)
+	if pg == pg.root {
+		pg.stopRecorder()
+	}
 	if pg.ownedStore != nil {
 		err = errors.Join(err, pg.ownedStore.Close())
 	}
@@ -341,6 +365,16 @@ func (pg *ProcessGroup) Abort(ctx context.Context, reason error) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// FlightRecorder returns the process's flight recorder, shared by all its
+// groups, or nil when it is off.
+func (pg *ProcessGroup) FlightRecorder() *FlightRecorder { return pg.recorder }
+
+func (pg *ProcessGroup) stopRecorder() {
+	if pg.recorder != nil {
+		pg.recorder.close()
+	}
 }
 
 func (pg *ProcessGroup) notMember(op string) error {

@@ -1,0 +1,385 @@
+package dispatcher
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/frtrace"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// Defaults of the flight recorder, PyTorch's.
+const (
+	DefaultTraceEntries = 2000
+	DefaultDumpPrefix   = "/tmp/gocoll_trace_rank_"
+)
+
+// FlightRecorderOptions configure the flight recorder. Config's zero value
+// gets the defaults, overridden by the environment (see FromEnv).
+type FlightRecorderOptions struct {
+	// Entries is the ring buffer's size; negative disables the recorder.
+	// 0 means DefaultTraceEntries.
+	Entries int
+	// DumpPrefix is the dump file's path without the rank: rank r dumps to
+	// DumpPrefix + r. Empty means DefaultDumpPrefix.
+	DumpPrefix string
+	// PipeFile, when set, makes a FIFO at PipeFile + rank + ".pipe"; writing
+	// "1" and a newline to it dumps on demand.
+	PipeFile string
+	// NoDumpOnError stops the automatic dump when an op fails or times out.
+	NoDumpOnError bool
+	// Poll is how often completions are noticed (default 100 ms, the
+	// watchdog's period).
+	Poll time.Duration
+	// Logger gets one line per dump. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// flightRecorderFromEnv applies GOCOLL_TRACE_BUFFER_SIZE,
+// GOCOLL_DEBUG_INFO_TEMP_FILE, GOCOLL_DEBUG_INFO_PIPE_FILE and
+// GOCOLL_DUMP_ON_TIMEOUT (and their TORCH_NCCL_ aliases) to o, rejecting
+// invalid values.
+func flightRecorderFromEnv(o FlightRecorderOptions) (FlightRecorderOptions, error) {
+	if v, name, ok := lookupEnv("TRACE_BUFFER_SIZE"); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return o, fmt.Errorf("dispatcher: %w: %s=%q is not a non-negative integer", backend.ErrInvalidArgument, name, v)
+		}
+		if n == 0 {
+			n = -1
+		}
+		o.Entries = n
+	}
+	if v, _, ok := lookupEnv("DEBUG_INFO_TEMP_FILE"); ok && v != "" {
+		o.DumpPrefix = v
+	}
+	if v, _, ok := lookupEnv("DEBUG_INFO_PIPE_FILE"); ok && v != "" {
+		o.PipeFile = v
+	}
+	if v, name, ok := lookupEnv("DUMP_ON_TIMEOUT"); ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return o, fmt.Errorf("dispatcher: %w: %s=%q is not a boolean", backend.ErrInvalidArgument, name, v)
+		}
+		o.NoDumpOnError = !b
+	}
+	return o, nil
+}
+
+// lookupEnv reads GOCOLL_<suffix>, or else its alias TORCH_NCCL_<suffix>,
+// and says which name it read.
+func lookupEnv(suffix string) (value, name string, ok bool) {
+	for _, n := range []string{"GOCOLL_" + suffix, "TORCH_NCCL_" + suffix} {
+		if v, ok := os.LookupEnv(n); ok {
+			return v, n, true
+		}
+	}
+	return "", "", false
+}
+
+// FlightRecorder keeps the last ops of every group of a process in a ring
+// buffer, with their state, and dumps them as JSON in PyTorch's flight
+// recorder schema: on error or timeout, on demand, or when a peer asks.
+// `conftest fr analyze` reads the dumps of every rank.
+type FlightRecorder struct {
+	opts       FlightRecorderOptions
+	rank, size int
+
+	mu      sync.Mutex
+	ring    []frEntry
+	nextID  uint64
+	groups  map[string]frtrace.PGConfig
+	status  map[string]*frtrace.PGStatus
+	pending int // entries whose work is not yet retired
+	dumped  bool
+
+	stop chan struct{}
+	done sync.WaitGroup
+}
+
+type frEntry struct {
+	e    frtrace.Entry
+	work backend.Work // nil once retired
+}
+
+func newFlightRecorder(opts FlightRecorderOptions, rank, size int) (*FlightRecorder, error) {
+	if opts.Entries == 0 {
+		opts.Entries = DefaultTraceEntries
+	}
+	if opts.DumpPrefix == "" {
+		opts.DumpPrefix = DefaultDumpPrefix
+	}
+	if opts.Poll <= 0 {
+		opts.Poll = 100 * time.Millisecond
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	fr := &FlightRecorder{opts: opts, rank: rank, size: size, ring: make([]frEntry, 0, opts.Entries),
+		groups: map[string]frtrace.PGConfig{}, status: map[string]*frtrace.PGStatus{}, stop: make(chan struct{})}
+	if opts.PipeFile != "" {
+		path := opts.PipeFile + strconv.Itoa(rank) + ".pipe"
+		_ = os.Remove(path)
+		if err := syscall.Mkfifo(path, 0o600); err != nil {
+			return nil, fmt.Errorf("dispatcher: flight recorder pipe %s: %w", path, err)
+		}
+		fr.done.Go(func() { fr.servePipe(path) })
+	}
+	fr.done.Go(fr.poll)
+	return fr, nil
+}
+
+// attach records the ops of pg.
+func (fr *FlightRecorder) attach(pg *ProcessGroup) {
+	fr.mu.Lock()
+	fr.groups[pg.name] = frtrace.PGConfig{Name: pg.name, Desc: pg.desc, Ranks: pg.Ranks()}
+	fr.status[pg.name] = &frtrace.PGStatus{LastStarted: -1}
+	fr.mu.Unlock()
+	pg.AddHooks(Hooks{Post: fr.record})
+}
+
+// record adds an op to the ring once the backend has accepted (or refused)
+// it; it runs as the group's post hook.
+func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Work, err error) {
+	e := frtrace.Entry{
+		PGID: info.Group, ProcessGroup: [2]string{info.Group, info.GroupDesc},
+		P2PSeqID: info.P2PSeq, ProfilingName: info.ProfilingName(),
+		TimeCreatedNs: info.Issued.UnixNano(), State: frtrace.StateScheduled,
+		TimeoutMs: info.Timeout.Milliseconds(), IsP2P: info.Op.Info().Kind == backend.P2P,
+		ThreadName: "dispatcher",
+	}
+	if !e.IsP2P {
+		e.CollectiveSeqID = info.Seq
+	}
+	e.InputSizes, e.InputDtypes = sizes(info.Inputs)
+	e.OutputSizes, e.OutputDtypes = sizes(info.Outputs)
+	if err != nil {
+		e.Error = err.Error()
+	}
+	fr.mu.Lock()
+	e.RecordID = fr.nextID
+	e.OpID = fr.nextID
+	fr.nextID++
+	if st := fr.status[info.Group]; st != nil && !e.IsP2P {
+		st.LastEnqueued = int64(info.Seq)
+	}
+	fe := frEntry{e: e, work: w}
+	if w != nil {
+		fr.pending++
+	}
+	if len(fr.ring) < cap(fr.ring) {
+		fr.ring = append(fr.ring, fe)
+	} else {
+		slot := &fr.ring[e.RecordID%uint64(cap(fr.ring))]
+		if slot.work != nil {
+			fr.pending--
+		}
+		*slot = fe
+	}
+	fr.mu.Unlock()
+	if err != nil && !errors.Is(err, backend.ErrInvalidArgument) {
+		fr.onError(err)
+	}
+}
+
+func sizes(ts []*tensor.Tensor) ([][]int, []string) {
+	s := make([][]int, len(ts))
+	d := make([]string, len(ts))
+	for i, t := range ts {
+		if t != nil {
+			s[i], d[i] = t.Shape(), t.DType().String()
+		}
+	}
+	return s, d
+}
+
+// refresh retires completed works and notes started ones. It returns the
+// first error a retired work failed with.
+func (fr *FlightRecorder) refresh() error {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	var firstErr error
+	now := time.Now().UnixNano()
+	for i := range fr.ring {
+		fe := &fr.ring[i]
+		if fe.work == nil {
+			continue
+		}
+		if fe.e.State == frtrace.StateScheduled {
+			if ok, err := fe.work.IsStarted(); err == nil && ok {
+				fe.e.State, fe.e.TimeStartedNs = frtrace.StateStarted, now
+				if st := fr.status[fe.e.PGID]; st != nil && !fe.e.IsP2P && int64(fe.e.CollectiveSeqID) > st.LastStarted {
+					st.LastStarted = int64(fe.e.CollectiveSeqID)
+				}
+			}
+		}
+		if !fe.work.IsCompleted() {
+			continue
+		}
+		fe.e.State, fe.e.TimeCompletedNs, fe.e.Retired = frtrace.StateCompleted, now, true
+		if fe.e.TimeStartedNs == 0 {
+			fe.e.TimeStartedNs = now
+		}
+		if d, err := fe.work.Duration(); err == nil {
+			ms := float64(d) / float64(time.Millisecond)
+			fe.e.DurationMs = &ms
+		}
+		if err := fe.work.Exception(); err != nil {
+			fe.e.Error = err.Error()
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+		if st := fr.status[fe.e.PGID]; st != nil && !fe.e.IsP2P && int64(fe.e.CollectiveSeqID) > st.LastCompleted {
+			st.LastCompleted = int64(fe.e.CollectiveSeqID)
+		}
+		fe.work = nil
+		fr.pending--
+	}
+	return firstErr
+}
+
+func (fr *FlightRecorder) poll() {
+	t := time.NewTicker(fr.opts.Poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-fr.stop:
+			return
+		case <-t.C:
+		}
+		fr.mu.Lock()
+		idle := fr.pending == 0
+		fr.mu.Unlock()
+		if idle {
+			continue
+		}
+		if err := fr.refresh(); err != nil {
+			fr.onError(err)
+		}
+	}
+}
+
+// onError dumps once, on the first failed op, unless turned off.
+func (fr *FlightRecorder) onError(err error) {
+	if fr.opts.NoDumpOnError {
+		return
+	}
+	fr.mu.Lock()
+	already := fr.dumped
+	fr.dumped = true
+	fr.mu.Unlock()
+	if !already {
+		_, _ = fr.Dump("error: " + err.Error())
+	}
+}
+
+// servePipe dumps each time a line is written to the FIFO at path.
+func (fr *FlightRecorder) servePipe(path string) {
+	defer os.Remove(path)
+	for {
+		// Opening a FIFO blocks until a writer comes; O_NONBLOCK plus a
+		// poll keeps Close from hanging on it.
+		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return
+		}
+		sc := bufio.NewScanner(f)
+		for {
+			select {
+			case <-fr.stop:
+				f.Close()
+				return
+			default:
+			}
+			if sc.Scan() {
+				if sc.Text() == "1" {
+					_, _ = fr.Dump("on demand (pipe)")
+				}
+				continue
+			}
+			// EOF or EAGAIN: wait a little and reopen to get new writers.
+			break
+		}
+		f.Close()
+		select {
+		case <-fr.stop:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Snapshot returns the recorder's content as a dump, after noting the
+// latest completions.
+func (fr *FlightRecorder) Snapshot(reason string) frtrace.Dump {
+	fr.refresh()
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	d := frtrace.Dump{Version: frtrace.Version, CommLibVersion: "gocoll", Rank: fr.rank, WorldSize: fr.size,
+		PGConfig: map[string]frtrace.PGConfig{}, PGStatus: map[string]frtrace.PGStatus{}, DumpReason: reason,
+		DumpTimeNs: time.Now().UnixNano()}
+	for k, v := range fr.groups {
+		d.PGConfig[k] = v
+	}
+	for k, v := range fr.status {
+		d.PGStatus[k] = *v
+	}
+	// Oldest first: after wrapping, the oldest entry is at nextID % cap.
+	n := len(fr.ring)
+	start := 0
+	if n == cap(fr.ring) {
+		start = int(fr.nextID % uint64(n))
+	}
+	for i := range n {
+		d.Entries = append(d.Entries, fr.ring[(start+i)%n].e)
+	}
+	return d
+}
+
+// DumpPath is the file this rank dumps to.
+func (fr *FlightRecorder) DumpPath() string { return fr.opts.DumpPrefix + strconv.Itoa(fr.rank) }
+
+// Dump writes the snapshot to DumpPath, atomically (write then rename), and
+// returns the path.
+func (fr *FlightRecorder) Dump(reason string) (string, error) {
+	// Profiling names hold "->" and "<-"; keep them readable.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", " ")
+	if err := enc.Encode(fr.Snapshot(reason)); err != nil {
+		return "", err
+	}
+	path := fr.DumpPath()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
+		return "", fmt.Errorf("dispatcher: flight recorder dump: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", fmt.Errorf("dispatcher: flight recorder dump: %w", err)
+	}
+	fr.opts.Logger.Info("flight recorder dumped", "rank", fr.rank, "path", path, "reason", reason)
+	return path, nil
+}
+
+// close stops the recorder's goroutines.
+func (fr *FlightRecorder) close() {
+	select {
+	case <-fr.stop:
+	default:
+		close(fr.stop)
+	}
+	fr.done.Wait()
+}

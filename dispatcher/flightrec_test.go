@@ -1,0 +1,237 @@
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/frtrace"
+	"github.com/gocoll/gocoll/store"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// initRecorded starts world ranks with flight recorders dumping into dir.
+func initRecorded(t *testing.T, world int, fro FlightRecorderOptions) []*ProcessGroup {
+	t.Helper()
+	st := store.NewHashStore()
+	pgs := make([]*ProcessGroup, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		wg.Go(func() {
+			pgs[r], errs[r] = Init(context.Background(), Config{Store: st, Rank: r, WorldSize: world, Backend: "reccpu",
+				Timeout: 5 * time.Second, FlightRecorder: fro})
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, pg := range pgs {
+			pg.Close(context.Background())
+		}
+	})
+	return pgs
+}
+
+func TestFlightRecorderRing(t *testing.T) {
+	dir := t.TempDir()
+	pg := initRecorded(t, 2, FlightRecorderOptions{Entries: 10, DumpPrefix: filepath.Join(dir, "rank_")})[0]
+	ctx := context.Background()
+	x := []*tensor.Tensor{tensor.New(tensor.BFloat16, 2, 3)}
+	for range 14 {
+		if _, err := pg.Allreduce(ctx, x, backend.AllreduceOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pg.Send(ctx, x, 1, backend.SendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	path, err := pg.FlightRecorder().Dump("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if path != filepath.Join(dir, "rank_0") {
+		t.Fatalf("dump path %s", path)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// PyTorch's field names, as its fr_trace reads them.
+	for _, key := range []string{`"version": "2.10"`, `"pg_config"`, `"pg_status"`, `"last_enqueued_collective": 14`,
+		`"last_completed_collective": 14`, `"collective_seq_id"`, `"p2p_seq_id"`, `"profiling_name": "reccpu:all_reduce"`,
+		`"time_created_ns"`, `"input_sizes"`, `"input_dtypes"`, `"output_sizes"`, `"state": "completed"`,
+		`"time_discovered_completed_ns"`, `"timeout_ms": 5000`, `"is_p2p": true`, `"profiling_name": "reccpu:send 0->1"`} {
+		if !strings.Contains(string(raw), key) {
+			t.Errorf("dump lacks %s", key)
+		}
+	}
+	var d frtrace.Dump
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Entries) != 10 || d.Entries[0].RecordID != 5 || d.Entries[9].RecordID != 14 {
+		t.Fatalf("ring kept %d entries, ids %d..%d; want the last 10 (5..14)", len(d.Entries), d.Entries[0].RecordID, d.Entries[len(d.Entries)-1].RecordID)
+	}
+	last := d.Entries[9]
+	if !last.IsP2P || last.CollectiveSeqID != 0 || last.P2PSeqID != 1 {
+		t.Fatalf("p2p entry %+v", last)
+	}
+	if e := d.Entries[0]; e.CollectiveSeqID != 6 || e.InputDtypes[0] != "bfloat16" || len(e.InputSizes[0]) != 2 || !e.Retired {
+		t.Fatalf("oldest entry %+v", e)
+	}
+	if d.PGConfig["0"].Desc != "default_pg" {
+		t.Fatalf("pg_config %+v", d.PGConfig)
+	}
+}
+
+func TestFlightRecorderDumpsOnErrorAndOnDemand(t *testing.T) {
+	dir := t.TempDir()
+	pg := initRecorded(t, 1, FlightRecorderOptions{DumpPrefix: filepath.Join(dir, "trace_"), PipeFile: filepath.Join(dir, "pipe_")})[0]
+	x := tensor.New(tensor.Float32, 1)
+	// The recorder backend fails reduce_scatter_tensor.
+	if _, err := pg.ReduceScatterTensor(context.Background(), x, x, backend.ReduceScatterTensorOptions{}); err == nil {
+		t.Fatal("expected the backend's error")
+	}
+	d := readDump(t, filepath.Join(dir, "trace_0"))
+	if !strings.HasPrefix(d.DumpReason, "error: ") || d.Entries[0].Error == "" {
+		t.Fatalf("dump on error: reason %q entries %+v", d.DumpReason, d.Entries)
+	}
+	os.Remove(filepath.Join(dir, "trace_0"))
+	// Writing "1" to the pipe asks for a dump.
+	pipe := filepath.Join(dir, "pipe_0.pipe")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f, err := os.OpenFile(pipe, os.O_WRONLY, 0)
+		if err == nil {
+			f.WriteString("1\n")
+			f.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pipe %s: %v", pipe, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "trace_0")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no dump after writing to the pipe")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if d := readDump(t, filepath.Join(dir, "trace_0")); d.DumpReason != "on demand (pipe)" {
+		t.Fatalf("reason %q", d.DumpReason)
+	}
+}
+
+func readDump(t *testing.T, path string) frtrace.Dump {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d frtrace.Dump
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestFlightRecorderEnv(t *testing.T) {
+	t.Setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "abc")
+	_, err := Init(context.Background(), Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "reccpu"})
+	if err == nil || !strings.Contains(err.Error(), `TORCH_NCCL_TRACE_BUFFER_SIZE="abc"`) {
+		t.Fatalf("invalid env accepted: %v", err)
+	}
+	t.Setenv("GOCOLL_TRACE_BUFFER_SIZE", "0")
+	pg, err := Init(context.Background(), Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "reccpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close(context.Background())
+	if pg.FlightRecorder() != nil {
+		t.Fatal("GOCOLL_TRACE_BUFFER_SIZE=0 must turn the recorder off (and win over the TORCH_ alias)")
+	}
+}
+
+// TestAnalyzeFindsSkippedCollective: rank 1 skips the third allreduce; the
+// analyzer points at seq 3 and names rank 1.
+func TestAnalyzeFindsSkippedCollective(t *testing.T) {
+	dir := t.TempDir()
+	pgs := initRecorded(t, 3, FlightRecorderOptions{DumpPrefix: filepath.Join(dir, "rank_")})
+	ctx := context.Background()
+	for r, pg := range pgs {
+		n := 4
+		if r == 1 {
+			n = 2
+		}
+		for i := range n {
+			x := tensor.New(tensor.Float32, 8)
+			if r == 2 && i == 3 {
+				x = tensor.New(tensor.Float32, 4) // a size mismatch, later than the skip
+			}
+			if _, err := pg.Allreduce(ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := pg.FlightRecorder().Dump("test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dumps, err := frtrace.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := frtrace.Analyze(dumps)
+	m := rep.Mismatch
+	if m == nil || m.Kind != frtrace.MissingRank || m.Seq != 3 || len(m.Ranks) != 1 || m.Ranks[0] != 1 {
+		t.Fatalf("report:\n%s", rep)
+	}
+	want := "rank 1 never enqueued reccpu:all_reduce seq 3; ranks 0,2 did"
+	if !strings.Contains(rep.String(), want) {
+		t.Fatalf("report %q lacks %q", rep, want)
+	}
+}
+
+func TestAnalyzeMismatches(t *testing.T) {
+	dir := t.TempDir()
+	pgs := initRecorded(t, 2, FlightRecorderOptions{DumpPrefix: filepath.Join(dir, "rank_")})
+	ctx := context.Background()
+	x := []*tensor.Tensor{tensor.New(tensor.Float32, 8)}
+	pgs[0].Allreduce(ctx, x, backend.AllreduceOptions{})
+	pgs[1].Allreduce(ctx, []*tensor.Tensor{tensor.New(tensor.Int64, 8)}, backend.AllreduceOptions{})
+	pgs[0].Allreduce(ctx, x, backend.AllreduceOptions{})
+	pgs[1].Broadcast(ctx, x, backend.BroadcastOptions{})
+	for _, pg := range pgs {
+		pg.FlightRecorder().Dump("test")
+	}
+	dumps, err := frtrace.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := frtrace.Analyze(dumps)
+	if rep.Mismatch == nil || rep.Mismatch.Kind != frtrace.DTypeMismatch || rep.Mismatch.Seq != 1 {
+		t.Fatalf("want a dtype mismatch at seq 1:\n%s", rep)
+	}
+	// Drop seq 1 from both dumps: the type mismatch at seq 2 shows.
+	for i := range dumps {
+		dumps[i].Entries = dumps[i].Entries[1:]
+	}
+	rep = frtrace.Analyze(dumps)
+	if rep.Mismatch == nil || rep.Mismatch.Kind != frtrace.TypeMismatch || rep.Mismatch.Seq != 2 {
+		t.Fatalf("want a type mismatch at seq 2:\n%s", rep)
+	}
+}
