@@ -79,7 +79,7 @@ type ProcessGroup struct {
 	ownedStore store.Store // the store InitFromEnv made; closed with the group
 	timeout    time.Duration
 	cfg        Config
-	root       *ProcessGroup // the default group; itself for the default group
+	root       *ProcessGroup   // the default group; itself for the default group
 	recorder   *FlightRecorder // shared by every group of the process; nil when off
 
 	backends    []slot // indexed by tensor.DeviceType
