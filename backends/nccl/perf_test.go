@@ -97,7 +97,7 @@ func TestPerfProcesses(t *testing.T) {
 	defer srv.Close()
 	exe, _ := os.Executable()
 	var cmds []*exec.Cmd
-	cctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	cctx, cancel := context.WithTimeout(context.Background(), 75*time.Second)
 	defer cancel()
 	for r := range world {
 		cmd := exec.CommandContext(cctx, exe, "-test.run", "^TestPerfRank$", "-test.v", "-test.count=1")
@@ -131,12 +131,15 @@ func TestPerfRank(t *testing.T) {
 	}
 	defer tcp.Close()
 	st := pollStore{tcp}
+	step := func(what string) { fmt.Fprintf(os.Stderr, "rank %d: %s (%s)\n", r, what, time.Now().Format("15:04:05.000")) }
+	step("store connected")
 	dev := tensor.CUDADevice(r)
 	b, err := New(context.Background(), backend.Config{Store: st, Rank: r, WorldSize: world, GroupName: "0", GroupDesc: "perf",
 		Timeout: time.Minute, Device: &dev, Options: testOpts()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	step("communicator ready")
 	defer b.Close(context.Background())
 	d, _ := cuda.GetDevice(r)
 	s, _ := d.NewStream(cuda.StreamOptions{})
