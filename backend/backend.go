@@ -77,6 +77,13 @@ type Config struct {
 	// Parent is the same backend of the parent group, for NewGroup; a
 	// backend may derive its communicator from it (ncclCommSplit).
 	Parent Backend
+	// Desync, when set, explains a timed-out collective: it asks the store
+	// how far every rank of the group has got and returns the ranks that
+	// never enqueued (or never completed) op seq, with a sentence such as
+	// "rank 1 never enqueued allreduce seq 42; ranks 0,2,3 did". Backends
+	// call it when an op times out and put the result in the OpError
+	// (Ranks and Detail). It is bounded by ctx.
+	Desync func(ctx context.Context, op Op, seq uint64) (late []int, detail string)
 }
 
 // Capabilities says what a backend provides. Conformance specs that need a

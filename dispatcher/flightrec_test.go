@@ -235,3 +235,29 @@ func TestAnalyzeMismatches(t *testing.T) {
 		t.Fatalf("want a type mismatch at seq 2:\n%s", rep)
 	}
 }
+
+// TestDesyncNamesTheLateRank: rank 1 skips the third allreduce; asked about
+// seq 3, rank 0's desync report names rank 1 and its last seq.
+func TestDesyncNamesTheLateRank(t *testing.T) {
+	pgs := initRecorded(t, 3, FlightRecorderOptions{DumpPrefix: filepath.Join(t.TempDir(), "r")})
+	ctx := context.Background()
+	x := []*tensor.Tensor{tensor.New(tensor.Float32, 1)}
+	for r, pg := range pgs {
+		n := 3
+		if r == 1 {
+			n = 2
+		}
+		for range n {
+			pg.Allreduce(ctx, x, backend.AllreduceOptions{})
+		}
+		pg.publishProgress(ctx)
+	}
+	late, detail := pgs[0].Desync(ctx, backend.OpAllreduce, 3)
+	if len(late) != 1 || late[0] != 1 || detail != "rank 1 never enqueued allreduce seq 3 (last enqueued: 2); ranks 0,2 did" {
+		t.Fatalf("desync: %v %q", late, detail)
+	}
+	late, detail = pgs[2].Desync(ctx, backend.OpAllreduce, 2)
+	if len(late) != 0 || !strings.Contains(detail, "every rank enqueued allreduce seq 2") {
+		t.Fatalf("desync of a matched op: %v %q", late, detail)
+	}
+}

@@ -81,6 +81,10 @@ type ProcessGroup struct {
 	cfg        Config
 	root       *ProcessGroup   // the default group; itself for the default group
 	recorder   *FlightRecorder // shared by every group of the process; nil when off
+	pubMu      sync.Mutex      // guards published
+	published  progress        // last progress written to the store
+	groups     []*ProcessGroup // on the default group: every group this process is a member of
+	stopPub    chan struct{}   // on the default group: stops the progress publisher
 
 	backends    []slot // indexed by tensor.DeviceType
 	nextGroupID atomic.Uint64
@@ -143,10 +147,14 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 		pg.stopRecorder()
 		return nil, err
 	}
+	pg.groups = []*ProcessGroup{pg}
+	pg.stopPub = make(chan struct{})
+	go pg.publisher(pg.stopPub)
 	if !cfg.SkipInitBarrier {
 		if err := pg.storeBarrier(ctx, "init", cfg.Timeout); err != nil {
 			pg.Abort(ctx, err)
 			pg.stopRecorder()
+			close(pg.stopPub)
 			return nil, err
 		}
 	}
@@ -171,7 +179,7 @@ func (pg *ProcessGroup) build(ctx context.Context, parent *ProcessGroup) error {
 		drv, _ := backend.Lookup(name)
 		bcfg := backend.Config{
 			Store: pg.store, Rank: pg.rank, WorldSize: pg.size, GroupName: pg.name, GroupDesc: pg.desc,
-			Timeout: pg.timeout, Options: pg.cfg.BackendOptions[name],
+			Timeout: pg.timeout, Options: pg.cfg.BackendOptions[name], Desync: pg.Desync,
 		}
 		if pg != pg.root {
 			bcfg.GlobalRanks = pg.ranks
@@ -322,6 +330,9 @@ func (pg *ProcessGroup) NewGroup(ctx context.Context, ranks []int, opts GroupOpt
 	if err := g.build(ctx, root); err != nil {
 		return nil, err
 	}
+	root.mu.Lock()
+	root.groups = append(root.groups, g)
+	root.mu.Unlock()
 	return g, nil
 }
 
@@ -336,6 +347,7 @@ func (pg *ProcessGroup) Close(ctx context.Context) error {
 	err := pg.closeBackends(ctx)
 	if pg == pg.root {
 		pg.stopRecorder()
+		close(pg.stopPub)
 	}
 	if pg.ownedStore != nil {
 		err = errors.Join(err, pg.ownedStore.Close())
