@@ -131,7 +131,9 @@ func TestPerfRank(t *testing.T) {
 	}
 	defer tcp.Close()
 	st := pollStore{tcp}
-	step := func(what string) { fmt.Fprintf(os.Stderr, "rank %d: %s (%s)\n", r, what, time.Now().Format("15:04:05.000")) }
+	step := func(what string) {
+		fmt.Fprintf(os.Stderr, "rank %d: %s (%s)\n", r, what, time.Now().Format("15:04:05.000"))
+	}
 	step("store connected")
 	dev := tensor.CUDADevice(r)
 	b, err := New(context.Background(), backend.Config{Store: st, Rank: r, WorldSize: world, GroupName: "0", GroupDesc: "perf",
