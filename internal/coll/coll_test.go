@@ -259,7 +259,7 @@ func TestPeerDeathFailsPending(t *testing.T) {
 	ms := meshes(t, 3)
 	q := ms[0].Irecv(2, 5, make([]byte, 8))
 	q2 := ms[0].Irecv(1, 5, make([]byte, 8)) // rank 1 is alive, but the mesh is broken
-	ms[2].Abort(errors.New("crash")) // no goodbye: the peers see a dead connection
+	ms[2].Abort(errors.New("crash"))         // no goodbye: the peers see a dead connection
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := q.Wait(ctx)
