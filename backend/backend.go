@@ -84,6 +84,20 @@ type Config struct {
 	// call it when an op times out and put the result in the OpError
 	// (Ranks and Detail). It is bounded by ctx.
 	Desync func(ctx context.Context, op Op, seq uint64) (late []int, detail string)
+	// DumpAll, when set, dumps this process's flight recorder and asks
+	// every peer, through the store, to dump theirs. It returns the dump
+	// file ("" when the recorder is off). Backends call it when an op fails
+	// or times out, before their error policy tears anything down.
+	DumpAll func(reason string) string
+}
+
+// Heartbeater is implemented by backends whose watchdog goroutine can stop
+// advancing (a hang in a native call). The dispatcher's heartbeat monitor
+// ends the process, after dumping, when the counter stands still for the
+// heartbeat timeout.
+type Heartbeater interface {
+	// Heartbeat returns a counter the watchdog bumps on every round.
+	Heartbeat() uint64
 }
 
 // Capabilities says what a backend provides. Conformance specs that need a

@@ -261,3 +261,76 @@ func TestDesyncNamesTheLateRank(t *testing.T) {
 		t.Fatalf("desync of a matched op: %v %q", late, detail)
 	}
 }
+
+// stuck is a backend whose watchdog heartbeat never moves.
+type stuck struct{ recorder }
+
+func (*stuck) Heartbeat() uint64 { return 7 }
+
+func TestHeartbeatMonitorEndsTheProcess(t *testing.T) {
+	dir := t.TempDir()
+	exited := make(chan int, 1)
+	pg, err := Init(context.Background(), Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "reccpu",
+		FlightRecorder: FlightRecorderOptions{DumpPrefix: filepath.Join(dir, "rank_")},
+		Monitor:        MonitorOptions{HeartbeatTimeout: 200 * time.Millisecond, CoordCheck: 50 * time.Millisecond, Exit: func(code int) { exited <- code }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close(context.Background())
+	// Swap in a backend whose watchdog hangs (the test hook).
+	pg.mu.Lock()
+	pg.backends[tensor.CPU].b = &stuck{}
+	pg.mu.Unlock()
+	select {
+	case code := <-exited:
+		if code != 134 {
+			t.Fatalf("exit code %d", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the monitor did not fire")
+	}
+	if d := readDump(t, filepath.Join(dir, "rank_0")); !strings.Contains(d.DumpReason, "heartbeat") {
+		t.Fatalf("dump reason %q", d.DumpReason)
+	}
+	stacks, err := os.ReadFile(filepath.Join(dir, "rank_0.stacks"))
+	if err != nil || !strings.Contains(string(stacks), "goroutine") {
+		t.Fatalf("stacks: %v", err)
+	}
+}
+
+func TestDumpAllSignalsPeers(t *testing.T) {
+	dir := t.TempDir()
+	st := store.NewHashStore()
+	pgs := make([]*ProcessGroup, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			var err error
+			pgs[r], err = Init(context.Background(), Config{Store: st, Rank: r, WorldSize: 2, Backend: "reccpu",
+				FlightRecorder: FlightRecorderOptions{DumpPrefix: filepath.Join(dir, "rank_")},
+				Monitor:        MonitorOptions{CoordCheck: 50 * time.Millisecond}})
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	defer func() {
+		for _, pg := range pgs {
+			pg.Close(context.Background())
+		}
+	}()
+	if path := pgs[0].DumpAll("timeout of allreduce seq 3"); path != filepath.Join(dir, "rank_0") {
+		t.Fatalf("local dump %q", path)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if raw, err := os.ReadFile(filepath.Join(dir, "rank_1")); err == nil && strings.Contains(string(raw), "peer asked: rank 0: timeout") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rank 1 did not dump on rank 0's signal")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -65,6 +65,11 @@ type Config struct {
 	// GOCOLL_DEBUG_INFO_PIPE_FILE and GOCOLL_DUMP_ON_TIMEOUT variables (or
 	// their TORCH_NCCL_ names) override it.
 	FlightRecorder FlightRecorderOptions
+	// Monitor configures the heartbeat monitor, on by default; the
+	// GOCOLL_ENABLE_MONITORING, GOCOLL_HEARTBEAT_TIMEOUT_SEC and
+	// GOCOLL_COORD_CHECK_MILSEC variables (or their TORCH_NCCL_ names)
+	// override it.
+	Monitor MonitorOptions
 }
 
 // ProcessGroup is a set of ranks that run collectives together. Its methods
@@ -85,6 +90,7 @@ type ProcessGroup struct {
 	published  progress        // last progress written to the store
 	groups     []*ProcessGroup // on the default group: every group this process is a member of
 	stopPub    chan struct{}   // on the default group: stops the progress publisher
+	monitor    *monitor        // on the default group: the heartbeat monitor; nil when off
 
 	backends    []slot // indexed by tensor.DeviceType
 	nextGroupID atomic.Uint64
@@ -137,6 +143,10 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	if err != nil {
 		return nil, err
 	}
+	mono, err := monitorFromEnv(cfg.Monitor)
+	if err != nil {
+		return nil, err
+	}
 	if fro.Entries >= 0 {
 		if pg.recorder, err = newFlightRecorder(fro, cfg.Rank, cfg.WorldSize); err != nil {
 			return nil, err
@@ -150,11 +160,13 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	pg.groups = []*ProcessGroup{pg}
 	pg.stopPub = make(chan struct{})
 	go pg.publisher(pg.stopPub)
+	if !mono.Disable {
+		pg.monitor = startMonitor(pg, mono)
+	}
 	if !cfg.SkipInitBarrier {
 		if err := pg.storeBarrier(ctx, "init", cfg.Timeout); err != nil {
 			pg.Abort(ctx, err)
-			pg.stopRecorder()
-			close(pg.stopPub)
+			pg.stopDaemons()
 			return nil, err
 		}
 	}
@@ -179,7 +191,8 @@ func (pg *ProcessGroup) build(ctx context.Context, parent *ProcessGroup) error {
 		drv, _ := backend.Lookup(name)
 		bcfg := backend.Config{
 			Store: pg.store, Rank: pg.rank, WorldSize: pg.size, GroupName: pg.name, GroupDesc: pg.desc,
-			Timeout: pg.timeout, Options: pg.cfg.BackendOptions[name], Desync: pg.Desync,
+			Timeout: pg.timeout, Options: pg.cfg.BackendOptions[name],
+			Desync: pg.Desync, DumpAll: pg.DumpAll,
 		}
 		if pg != pg.root {
 			bcfg.GlobalRanks = pg.ranks
@@ -346,8 +359,7 @@ func (pg *ProcessGroup) Close(ctx context.Context) error {
 	}
 	err := pg.closeBackends(ctx)
 	if pg == pg.root {
-		pg.stopRecorder()
-		close(pg.stopPub)
+		pg.stopDaemons()
 	}
 	if pg.ownedStore != nil {
 		err = errors.Join(err, pg.ownedStore.Close())
@@ -387,6 +399,16 @@ func (pg *ProcessGroup) stopRecorder() {
 	if pg.recorder != nil {
 		pg.recorder.close()
 	}
+}
+
+// stopDaemons stops the default group's goroutines: the heartbeat monitor,
+// the progress publisher and the flight recorder.
+func (pg *ProcessGroup) stopDaemons() {
+	if pg.monitor != nil {
+		pg.monitor.close()
+	}
+	close(pg.stopPub)
+	pg.stopRecorder()
 }
 
 func (pg *ProcessGroup) notMember(op string) error {

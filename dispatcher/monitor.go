@@ -1,0 +1,219 @@
+package dispatcher
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+)
+
+// Defaults of the heartbeat monitor, PyTorch's.
+const (
+	DefaultHeartbeatTimeout = 480 * time.Second
+	DefaultCoordCheck       = time.Second
+)
+
+// dumpSignalKey is the key, in the default group's store, through which a
+// rank asks every other rank to dump its flight recorder.
+const dumpSignalKey = "fr/dump_signal"
+
+// MonitorOptions configure the heartbeat monitor: a goroutine per process
+// that ends the process, after dumping the flight recorder and every
+// goroutine's stack, when a backend's watchdog stops advancing; and that
+// dumps when a peer asks through the store.
+type MonitorOptions struct {
+	// Disable turns the monitor off (GOCOLL_ENABLE_MONITORING=0).
+	Disable bool
+	// HeartbeatTimeout is how long a watchdog heartbeat may stand still
+	// (default 480 s; GOCOLL_HEARTBEAT_TIMEOUT_SEC).
+	HeartbeatTimeout time.Duration
+	// CoordCheck is how often the store is polled for a peer's dump signal
+	// (default 1 s; GOCOLL_COORD_CHECK_MILSEC).
+	CoordCheck time.Duration
+	// Exit ends the process; nil means os.Exit. Tests replace it.
+	Exit func(code int)
+	// Logger gets the fatal line. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func monitorFromEnv(o MonitorOptions) (MonitorOptions, error) {
+	bad := func(name, v, want string) error {
+		return fmt.Errorf("dispatcher: %w: %s=%q is not %s", backend.ErrInvalidArgument, name, v, want)
+	}
+	if v, name, ok := lookupEnv("ENABLE_MONITORING"); ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return o, bad(name, v, "a boolean")
+		}
+		o.Disable = !b
+	}
+	if v, name, ok := lookupEnv("HEARTBEAT_TIMEOUT_SEC"); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return o, bad(name, v, "a positive number of seconds")
+		}
+		o.HeartbeatTimeout = time.Duration(n) * time.Second
+	}
+	if v, name, ok := lookupEnv("COORD_CHECK_MILSEC"); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return o, bad(name, v, "a positive number of milliseconds")
+		}
+		o.CoordCheck = time.Duration(n) * time.Millisecond
+	}
+	if o.HeartbeatTimeout <= 0 {
+		o.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+	if o.CoordCheck <= 0 {
+		o.CoordCheck = DefaultCoordCheck
+	}
+	if o.Exit == nil {
+		o.Exit = os.Exit
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, nil
+}
+
+// monitor is the heartbeat monitor of a process (its default group).
+type monitor struct {
+	opts MonitorOptions
+	root *ProcessGroup
+	stop chan struct{}
+	done sync.WaitGroup
+
+	mu         sync.Mutex
+	signalSeen string // the dump signal already answered
+}
+
+func startMonitor(root *ProcessGroup, opts MonitorOptions) *monitor {
+	m := &monitor{opts: opts, root: root, stop: make(chan struct{})}
+	m.done.Go(m.run)
+	return m
+}
+
+func (m *monitor) close() {
+	select {
+	case <-m.stop:
+	default:
+		close(m.stop)
+	}
+	m.done.Wait()
+}
+
+// heartbeats returns the watchdog counters of every backend of every group.
+func (m *monitor) heartbeats() map[backend.Heartbeater]uint64 {
+	m.root.mu.Lock()
+	groups := append([]*ProcessGroup(nil), m.root.groups...)
+	m.root.mu.Unlock()
+	out := map[backend.Heartbeater]uint64{}
+	for _, g := range groups {
+		for _, s := range g.backends {
+			if h, ok := s.b.(backend.Heartbeater); ok && s.b != nil {
+				out[h] = h.Heartbeat()
+			}
+		}
+	}
+	return out
+}
+
+func (m *monitor) run() {
+	tick := time.NewTicker(m.opts.CoordCheck)
+	defer tick.Stop()
+	last := map[backend.Heartbeater]uint64{}
+	moved := map[backend.Heartbeater]time.Time{}
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-tick.C:
+		}
+		m.checkSignal()
+		now := time.Now()
+		for h, beat := range m.heartbeats() {
+			if prev, ok := last[h]; !ok || prev != beat {
+				last[h], moved[h] = beat, now
+				continue
+			}
+			if stuck := now.Sub(moved[h]); stuck >= m.opts.HeartbeatTimeout {
+				m.fatal(fmt.Sprintf("watchdog heartbeat of backend %s has not moved for %v (heartbeat timeout %v)",
+					h.(backend.Backend).Name(), stuck.Round(time.Millisecond), m.opts.HeartbeatTimeout))
+				return
+			}
+		}
+	}
+}
+
+// checkSignal dumps once per dump signal a peer posted.
+func (m *monitor) checkSignal() {
+	ctx, cancel := context.WithTimeout(context.Background(), m.opts.CoordCheck)
+	defer cancel()
+	st := m.root.store
+	if ok, err := st.Check(ctx, dumpSignalKey); err != nil || !ok {
+		return
+	}
+	v, err := st.Get(ctx, dumpSignalKey)
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	seen := m.signalSeen == string(v)
+	m.signalSeen = string(v)
+	m.mu.Unlock()
+	if !seen && m.root.recorder != nil {
+		_, _ = m.root.recorder.Dump("peer asked: " + string(v))
+	}
+}
+
+// fatal dumps the flight recorder and every goroutine's stack, logs one
+// line and ends the process.
+func (m *monitor) fatal(reason string) {
+	path := ""
+	if fr := m.root.recorder; fr != nil {
+		path, _ = fr.Dump("heartbeat monitor: " + reason)
+	}
+	stacks := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(stacks, true)
+		if n < len(stacks) {
+			stacks = stacks[:n]
+			break
+		}
+		stacks = make([]byte, 2*len(stacks))
+	}
+	stackPath := fmt.Sprintf("%s%d.stacks", DefaultDumpPrefix, m.root.rank)
+	if fr := m.root.recorder; fr != nil {
+		stackPath = fr.DumpPath() + ".stacks"
+	}
+	_ = os.WriteFile(stackPath, stacks, 0o644)
+	m.opts.Logger.Error("gocoll: fatal: "+reason+"; ending the process", "rank", m.root.rank, "flight_recorder", path, "stacks", stackPath)
+	m.opts.Exit(134) // 128 + SIGABRT, as PyTorch's monitor ends with abort()
+}
+
+// DumpAll dumps this process's flight recorder and asks every rank, through
+// the store, to dump theirs. It returns the local dump file, or "" when the
+// recorder is off. Backends receive it as backend.Config.DumpAll.
+func (pg *ProcessGroup) DumpAll(reason string) string {
+	root := pg.root
+	path := ""
+	if root.recorder != nil {
+		path, _ = root.recorder.Dump(reason)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	sig := fmt.Sprintf("rank %d: %s", root.rank, reason)
+	if root.monitor != nil {
+		root.monitor.mu.Lock()
+		root.monitor.signalSeen = sig // this rank has dumped already
+		root.monitor.mu.Unlock()
+	}
+	_ = root.store.Set(ctx, dumpSignalKey, []byte(sig))
+	return path
+}
