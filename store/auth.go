@@ -50,6 +50,18 @@ func (c *srvConn) authenticate() error {
 	secret := c.s.opts.Secret
 	_ = c.nc.SetDeadline(time.Now().Add(c.s.opts.HandshakeTimeout))
 	defer c.nc.SetDeadline(time.Time{})
+	// Refuse as soon as the bytes diverge from the hello, so that a
+	// PyTorch client (which sends a few bytes and waits) is turned away at
+	// once.
+	for i := 1; i <= len(authHello); i++ {
+		b, err := c.br.Peek(i)
+		if err != nil {
+			return fmt.Errorf("%w: no handshake (a client without the secret, or a PyTorch client): %w", ErrAuth, err)
+		}
+		if b[i-1] != authHello[i-1] {
+			return fmt.Errorf("%w: the client sent %x instead of the handshake (a client without the secret, or a PyTorch client)", ErrAuth, b)
+		}
+	}
 	hello := make([]byte, len(authHello)+authNonce)
 	if _, err := io.ReadFull(c.br, hello); err != nil {
 		return fmt.Errorf("%w: no handshake (a client without the secret, or a PyTorch client): %w", ErrAuth, err)

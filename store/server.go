@@ -791,3 +791,5 @@ func isConnReset(err error) bool {
 	var ne *net.OpError
 	return errors.As(err, &ne) && !ne.Timeout()
 }
+
+func isMalformed(err error) bool { return errors.Is(err, errMalformed) }
