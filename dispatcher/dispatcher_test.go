@@ -220,6 +220,18 @@ func TestValidArgumentsPass(t *testing.T) {
 	if _, err := pgs[0].Allreduce(ctx, []*tensor.Tensor{host(t, tensor.Int32, 1)}, backend.AllreduceOptions{ReduceOp: backend.BXOR}); err != nil {
 		t.Fatal(err)
 	}
+	// Three inputs on two ranks: the output list has one entry per input,
+	// each of world-size tensors.
+	outs := [][]*tensor.Tensor{{f32(1), f32(1)}, {f32(2), f32(2)}, {f32(3), f32(3)}}
+	_, err := pgs[0].AllgatherCoalesced(ctx, outs, []*tensor.Tensor{f32(1), f32(2), f32(3)}, backend.AllgatherCoalescedOptions{})
+	if !errors.Is(err, backend.ErrUnsupported) { // valid arguments; the recorder lacks the op
+		t.Fatalf("allgather_coalesced with valid arguments: %v", err)
+	}
+	outs[1] = outs[1][:1]
+	_, err = pgs[0].AllgatherCoalesced(ctx, outs, []*tensor.Tensor{f32(1), f32(2), f32(3)}, backend.AllgatherCoalescedOptions{})
+	if !errors.Is(err, backend.ErrInvalidArgument) || !strings.Contains(err.Error(), "outputs[1] has 1 tensors, world size 2") {
+		t.Fatalf("allgather_coalesced with a short output list: %v", err)
+	}
 }
 
 func TestSequenceNumbers(t *testing.T) {

@@ -98,18 +98,17 @@ func (c *checker) single(msg string, a targ) {
 }
 
 func (c *checker) listLen(msg string, a targ, want int) {
-	if c.err == nil && a.shape == 'L' {
-		// For a list of lists, the rule is about every inner list.
-		for i, l := range a.lists {
-			if len(l) != want {
-				c.failf(msg, "len(%s[%d]) = %d, want %d", a.name, i, len(l), want)
-				return
-			}
-		}
-		return
-	}
 	if c.err == nil && a.length() != want {
 		c.failf(msg, "len(%s) = %d, want %d", a.name, a.length(), want)
+	}
+}
+
+// innerLen checks every inner list of a list of lists.
+func (c *checker) innerLen(msg string, a targ, want int) {
+	for i, l := range a.lists {
+		if c.err == nil && len(l) != want {
+			c.failf(msg, "len(%s[%d]) = %d, want %d", a.name, i, len(l), want)
+		}
 	}
 }
 

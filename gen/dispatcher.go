@@ -12,7 +12,7 @@ const pkgDispatcher = "github.com/gocoll/gocoll/dispatcher"
 
 // checkMethods maps a rule to the dispatcher checker method that runs it.
 var checkMethods = map[string]string{
-	"nonempty": "nonEmpty", "single": "single", "list_len": "listLen", "contiguous": "contiguous",
+	"nonempty": "nonEmpty", "single": "single", "list_len": "listLen", "inner_len": "innerLen", "contiguous": "contiguous",
 	"same_dtype": "sameDType", "same_device": "sameDevice", "same_numel": "sameNumel", "root": "root",
 	"root_tensor": "rootTensor", "peer": "peer", "world_times": "worldTimes", "reduce_op": "reduceOp",
 	"splits": "splits", "rooted_lists": "rootedLists", "tag": "tag", "nonneg_timeout": "nonnegTimeout",

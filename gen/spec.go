@@ -65,7 +65,7 @@ var (
 	// (variadic), l = one list arg, o = an option, n = "world" or a list
 	// arg, r = a rank arg.
 	checks = map[string]string{
-		"nonempty": "l", "single": "l", "list_len": "ln", "contiguous": "t", "same_dtype": "t",
+		"nonempty": "l", "single": "l", "list_len": "ln", "inner_len": "ln", "contiguous": "t", "same_dtype": "t",
 		"same_device": "t", "same_numel": "t", "root": "o", "root_tensor": "ol", "peer": "r",
 		"world_times": "ll", "reduce_op": "ot", "splits": "ol", "rooted_lists": "oll",
 		"tag": "o", "nonneg_timeout": "o", "gathered_lists": "ll",
