@@ -1,0 +1,25 @@
+#!/bin/sh
+# Runs torch 2.x (the GPU machine's python3) against gocoll's TCPStore
+# server: scripts/store_torch211_check.py. Build first, on the dev machine:
+#   CGO_ENABLED=0 go build -o .gpu/store/gocoll-store ./cmd/gocoll-store
+# then call the device tool's run with carry [".gpu/store"] and the command
+#   sh scripts/store-gpu-run.sh
+set -u
+OUT=${OUT:-/tmp/store-gpu-out}
+mkdir -p "$OUT"
+PORT=${PORT:-29611}
+export NCCL_NVLS_ENABLE=0
+{
+	date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+	echo "host: $(hostname), $(nproc) cores"
+	.gpu/store/gocoll-store serve --addr 127.0.0.1:$PORT >"$OUT/server.log" 2>&1 &
+	SP=$!
+	sleep 0.5
+	timeout 170 python3 scripts/store_torch211_check.py 127.0.0.1 $PORT
+	RC=$?
+	kill -INT $SP
+	wait $SP
+	echo "exit: $RC"
+	echo "--- gocoll-store server log"
+	cat "$OUT/server.log"
+} 2>&1 | tee "$OUT/store-torch211.log"
