@@ -1,0 +1,396 @@
+// Package shm is a pair of single-producer/single-consumer byte rings in a
+// shared-memory file (/dev/shm), one per direction, so that two processes
+// on one host exchange bytes with one memcpy on each side and no system
+// call on the fast path.
+//
+// Life cycle: the lower rank Creates the file (space reserved up front with
+// fallocate, so a full tmpfs fails here with an error rather than with
+// SIGBUS later), the other rank Opens it, and the creator Unlinks it as soon
+// as the peer has mapped it: from then on the memory lives only as long as
+// the two mappings, and nothing is left behind if either process dies.
+//
+// Waiting: a reader with nothing to read, or a writer with no space, spins
+// a little (runtime.Gosched), then sleeps on a futex in the shared page with
+// a short timeout; the other side wakes it only when it announced that it
+// sleeps, so a busy pair makes no system calls. The timeout bounds how late
+// a local Close or a peer's death (MarkDead, from the TCP connection that
+// watches the peer) is noticed even if a wake-up is lost.
+package shm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// Errors of ring operations.
+var (
+	// ErrClosed is returned by waits after Close.
+	ErrClosed = errors.New("shm: closed")
+	// ErrPeerDead is returned once the peer is known to be gone and the
+	// ring holds nothing more to read (or can take nothing more).
+	ErrPeerDead = errors.New("shm: peer gone")
+)
+
+const (
+	magic      = 0x676373686d303031 // "gcshm001"
+	headerSize = 4096
+	ctrlSize   = 256
+	// Offsets in a ring's control block; each field the two sides write
+	// sits on its own cache line.
+	offTail     = 0   // producer's position (bytes ever written)
+	offHead     = 64  // consumer's position (bytes ever read)
+	offDataSeq  = 128 // futex word the consumer sleeps on
+	offConsWait = 132 // consumer announces it sleeps
+	offSpaceSeq = 192 // futex word the producer sleeps on
+	offProdWait = 196 // producer announces it sleeps
+
+	// publishChunk bounds how much a large write copies before it makes
+	// the bytes visible, so the reader copies out while the writer copies in.
+	publishChunk = 128 << 10
+	sleepSlice   = 20 * time.Millisecond
+)
+
+// DefaultRingBytes is the default capacity of each direction.
+const DefaultRingBytes = 4 << 20
+
+// Pair is one mapped pair file: Out is the ring this side writes, In the
+// ring it reads.
+type Pair struct {
+	mem     []byte
+	Out, In *Ring
+}
+
+// Ring is one direction of a pair. Write must not be called concurrently
+// with Write, nor Read with Read (one producer, one consumer); the caller
+// serializes each side.
+type Ring struct {
+	data     []byte
+	size     uint64
+	mask     uint64
+	tail     *atomic.Uint64
+	head     *atomic.Uint64
+	dataSeq  *atomic.Uint32
+	consWait *atomic.Uint32
+	spaceSeq *atomic.Uint32
+	prodWait *atomic.Uint32
+
+	closed atomic.Bool
+	dead   atomic.Bool
+	// Spin is how many times a wait yields (runtime.Gosched) before it
+	// sleeps on the futex.
+	Spin int
+}
+
+// HostID identifies this host's boot: the host name and the kernel's boot
+// id. Two processes can share /dev/shm only if their HostIDs are equal (a
+// different /dev/shm with an equal id, as in some containers, is caught
+// when Open fails).
+func HostID() (string, error) {
+	hn, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("shm: host name: %w", err)
+	}
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("shm: boot id: %w", err)
+	}
+	return hn + "/" + strings.TrimSpace(string(b)), nil
+}
+
+// Dir is where pair files are made.
+var Dir = "/dev/shm"
+
+// Create makes, sizes and maps a new pair file for rings of ringBytes (a
+// power of two) each, named after prefix plus a random suffix. The caller
+// is the "lower" side: it writes ring 0 and reads ring 1. It returns the
+// file's path, which the peer passes to Open; the caller Unlinks it once
+// the peer has mapped it (or failed to).
+func Create(prefix string, ringBytes int) (*Pair, string, error) {
+	if ringBytes <= 0 || ringBytes&(ringBytes-1) != 0 {
+		return nil, "", fmt.Errorf("shm: ring size %d is not a power of two", ringBytes)
+	}
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, "", fmt.Errorf("shm: random name: %w", err)
+	}
+	path := filepath.Join(Dir, prefix+hex.EncodeToString(rnd[:]))
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, "", fmt.Errorf("shm: create: %w", err)
+	}
+	defer f.Close()
+	total := headerSize + 2*ringBytes
+	// fallocate, not ftruncate: a tmpfs without room must fail now, not
+	// raise SIGBUS when a page is first touched.
+	if err := syscall.Fallocate(int(f.Fd()), 0, 0, int64(total)); err != nil {
+		_ = os.Remove(path)
+		return nil, "", fmt.Errorf("shm: reserving %d bytes in %s: %w", total, Dir, err)
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, total, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		_ = os.Remove(path)
+		return nil, "", fmt.Errorf("shm: mmap: %w", err)
+	}
+	binary.LittleEndian.PutUint64(mem[8:], uint64(ringBytes))
+	atomic.StoreUint64((*uint64)(unsafe.Pointer(&mem[0])), magic) // last: Open checks it
+	return newPair(mem, ringBytes, 0), path, nil
+}
+
+// Open maps a pair file made by Create, as the "upper" side (writes ring 1,
+// reads ring 0).
+func Open(path string) (*Pair, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("shm: open: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("shm: stat: %w", err)
+	}
+	if st.Size() < headerSize {
+		return nil, fmt.Errorf("shm: %s is %d bytes, too small", path, st.Size())
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("shm: mmap: %w", err)
+	}
+	rb := binary.LittleEndian.Uint64(mem[8:])
+	if atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[0]))) != magic || rb == 0 || rb&(rb-1) != 0 || int64(headerSize+2*rb) != st.Size() {
+		_ = syscall.Munmap(mem)
+		return nil, fmt.Errorf("shm: %s is not a gocoll pair file", path)
+	}
+	return newPair(mem, int(rb), 1), nil
+}
+
+// Unlink removes the pair file's name; the mappings stay valid.
+func Unlink(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("shm: unlink: %w", err)
+	}
+	return nil
+}
+
+func newPair(mem []byte, ringBytes, side int) *Pair {
+	r := [2]*Ring{}
+	for i := range r {
+		c := mem[ctrlSize*(i+1):]
+		d := mem[headerSize+i*ringBytes : headerSize+(i+1)*ringBytes]
+		r[i] = &Ring{
+			data: d, size: uint64(ringBytes), mask: uint64(ringBytes - 1),
+			tail:     (*atomic.Uint64)(unsafe.Pointer(&c[offTail])),
+			head:     (*atomic.Uint64)(unsafe.Pointer(&c[offHead])),
+			dataSeq:  (*atomic.Uint32)(unsafe.Pointer(&c[offDataSeq])),
+			consWait: (*atomic.Uint32)(unsafe.Pointer(&c[offConsWait])),
+			spaceSeq: (*atomic.Uint32)(unsafe.Pointer(&c[offSpaceSeq])),
+			prodWait: (*atomic.Uint32)(unsafe.Pointer(&c[offProdWait])),
+			Spin:     64,
+		}
+	}
+	return &Pair{mem: mem, Out: r[side], In: r[1-side]}
+}
+
+// Unmap releases the mapping. The caller must make sure no Read or Write
+// runs or starts on its rings (Close them and wait first).
+func (p *Pair) Unmap() error {
+	if p.mem == nil {
+		return nil
+	}
+	err := syscall.Munmap(p.mem)
+	p.mem = nil
+	if err != nil {
+		return fmt.Errorf("shm: munmap: %w", err)
+	}
+	return nil
+}
+
+// Close makes the local waits on both rings return ErrClosed, now and later.
+func (p *Pair) Close() {
+	p.Out.closed.Store(true)
+	p.In.closed.Store(true)
+	p.Out.kick()
+	p.In.kick()
+}
+
+// MarkDead records that the peer is gone: once nothing is left to read,
+// reads fail with ErrPeerDead, and writes that wait for space fail.
+func (p *Pair) MarkDead() {
+	p.Out.dead.Store(true)
+	p.In.dead.Store(true)
+	p.Out.kick()
+	p.In.kick()
+}
+
+// kick wakes whoever sleeps on this ring's futex words, so that a flag
+// change is seen at once rather than at the end of a sleep slice.
+func (r *Ring) kick() {
+	r.dataSeq.Add(1)
+	futexWake(r.dataSeq)
+	r.spaceSeq.Add(1)
+	futexWake(r.spaceSeq)
+}
+
+// Buffered is how many bytes wait to be read.
+func (r *Ring) Buffered() int { return int(r.tail.Load() - r.head.Load()) }
+
+// Write copies a then b into the ring as one contiguous run of bytes,
+// waiting for space as needed, and returns once both are in (the buffers
+// may be reused). A run that fits is made visible at once, so the reader
+// never sees a header without its small payload.
+func (r *Ring) Write(ctx context.Context, a, b []byte) error {
+	if n := uint64(len(a) + len(b)); n <= r.size {
+		t := r.tail.Load()
+		if r.size-(t-r.head.Load()) < n {
+			if err := r.waitSpace(ctx, n); err != nil {
+				return err
+			}
+		}
+		r.copyIn(t, a)
+		r.copyIn(t+uint64(len(a)), b)
+		r.publish(t + n)
+		return nil
+	}
+	for _, p := range [2][]byte{a, b} {
+		for len(p) > 0 {
+			t := r.tail.Load()
+			free := r.size - (t - r.head.Load())
+			if free == 0 {
+				if err := r.waitSpace(ctx, min(uint64(len(p)), r.size/4)); err != nil {
+					return err
+				}
+				continue
+			}
+			n := min(free, uint64(len(p)), publishChunk)
+			r.copyIn(t, p[:n])
+			r.publish(t + n)
+			p = p[n:]
+		}
+	}
+	return nil
+}
+
+func (r *Ring) copyIn(pos uint64, p []byte) {
+	off := pos & r.mask
+	n := copy(r.data[off:], p)
+	copy(r.data, p[n:])
+}
+
+func (r *Ring) publish(t uint64) {
+	r.tail.Store(t)
+	// Sequentially consistent atomics: either the consumer sees the new
+	// tail after announcing its sleep, or we see its announcement here.
+	if r.consWait.Load() != 0 {
+		r.dataSeq.Add(1)
+		futexWake(r.dataSeq)
+	}
+}
+
+// waitSpace waits until n bytes are free.
+func (r *Ring) waitSpace(ctx context.Context, n uint64) error {
+	for i := 0; ; i++ {
+		if r.size-(r.tail.Load()-r.head.Load()) >= n {
+			return nil
+		}
+		if r.closed.Load() {
+			return ErrClosed
+		}
+		if r.dead.Load() {
+			return ErrPeerDead
+		}
+		if i < r.Spin {
+			runtime.Gosched()
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("shm: waiting for ring space: %w", err)
+		}
+		r.prodWait.Store(1)
+		seq := r.spaceSeq.Load()
+		if r.size-(r.tail.Load()-r.head.Load()) < n && !r.closed.Load() && !r.dead.Load() {
+			futexWait(r.spaceSeq, seq, sleepSlice)
+		}
+		r.prodWait.Store(0)
+	}
+}
+
+// Read implements io.Reader: it waits until at least one byte is there
+// and copies out what fits in p.
+func (r *Ring) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	h := r.head.Load()
+	avail := r.tail.Load() - h
+	if avail == 0 {
+		if err := r.WaitData(); err != nil {
+			return 0, err
+		}
+		avail = r.tail.Load() - h
+	}
+	n := min(avail, uint64(len(p)))
+	off := h & r.mask
+	c := copy(p[:n], r.data[off:])
+	copy(p[c:n], r.data)
+	r.head.Store(h + n)
+	if r.prodWait.Load() != 0 {
+		r.spaceSeq.Add(1)
+		futexWake(r.spaceSeq)
+	}
+	return int(n), nil
+}
+
+// WaitData waits until there is something to read. It fails with ErrClosed
+// after Close, and with ErrPeerDead once the peer is dead and the ring is
+// empty (bytes written before the peer died are still read first).
+func (r *Ring) WaitData() error {
+	for i := 0; ; i++ {
+		// dead is loaded before the emptiness check: bytes the peer wrote
+		// before it died are visible once its death is.
+		dead := r.dead.Load()
+		if r.tail.Load() != r.head.Load() {
+			return nil
+		}
+		if r.closed.Load() {
+			return ErrClosed
+		}
+		if dead {
+			return ErrPeerDead
+		}
+		if i < r.Spin {
+			runtime.Gosched()
+			continue
+		}
+		r.consWait.Store(1)
+		seq := r.dataSeq.Load()
+		if r.tail.Load() == r.head.Load() && !r.closed.Load() && !r.dead.Load() {
+			futexWait(r.dataSeq, seq, sleepSlice)
+		}
+		r.consWait.Store(0)
+	}
+}
+
+const (
+	futexWaitOp = 0 // FUTEX_WAIT, not private: the word is shared between processes
+	futexWakeOp = 1
+)
+
+func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
+	ts := syscall.NsecToTimespec(int64(d))
+	_, _, _ = syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
+func futexWake(addr *atomic.Uint32) {
+	_, _, _ = syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp, 1<<30, 0, 0, 0)
+}
