@@ -91,8 +91,13 @@ func (pg *ProcessGroup) checker(op backend.Op) checker {
 	case pg.rank < 0:
 		c.err = pg.notMember(op.String())
 	case pg.closed.Load():
-		c.err = &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrClosed,
-			Detail: fmt.Sprintf("group %s %q is closed", pg.name, pg.desc)}
+		if r := pg.abortReason.Load(); r != nil {
+			c.err = &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrAborted, Err: *r,
+				Detail: fmt.Sprintf("group %s %q was aborted", pg.name, pg.desc)}
+		} else {
+			c.err = &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrClosed,
+				Detail: fmt.Sprintf("group %s %q is closed", pg.name, pg.desc)}
+		}
 	}
 	return c
 }

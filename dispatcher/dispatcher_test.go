@@ -494,3 +494,33 @@ func TestInitFromEnvHostsTheStore(t *testing.T) {
 		t.Fatalf("init barrier key not in the TCP store: %v %v", ok, err)
 	}
 }
+
+func TestAbortKeepsTheReason(t *testing.T) {
+	pgs := initRanks(t, 2, "reccpu", &callLog{})
+	ctx := context.Background()
+	sub, err := pgs[0].NewGroup(ctx, []int{0, 1}, GroupOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reason := errors.New("rank 1 timed out in allreduce seq 9")
+	if err := pgs[0].Abort(ctx, reason); err != nil {
+		t.Fatal(err)
+	}
+	x := []*tensor.Tensor{host(t, tensor.Float32, 1)}
+	for _, g := range []*ProcessGroup{pgs[0], sub} {
+		_, err := g.Allreduce(ctx, x, backend.AllreduceOptions{})
+		if !errors.Is(err, backend.ErrAborted) || !errors.Is(err, reason) || !strings.Contains(err.Error(), "allreduce seq 9") {
+			t.Fatalf("group %s after abort: %v", g.Name(), err)
+		}
+	}
+	// Close after Abort still releases the group, and Close stays idempotent.
+	if err := pgs[0].Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !pgs[0].released || !sub.released {
+		t.Fatal("Close after Abort did not release the groups")
+	}
+	if _, err := pgs[1].Allreduce(ctx, x, backend.AllreduceOptions{}); err != nil {
+		t.Fatalf("the other rank's group was touched: %v", err)
+	}
+}

@@ -97,8 +97,10 @@ type ProcessGroup struct {
 	collSeq     atomic.Uint64
 	p2pSeq      atomic.Uint64
 	hooks       atomic.Pointer[[]Hooks]
-	mu          sync.Mutex // guards closed and the backends' construction
-	closed      atomic.Bool
+	mu          sync.Mutex            // guards released and groups
+	closed      atomic.Bool           // ops are refused
+	released    bool                  // Close has released the backends
+	abortReason atomic.Pointer[error] // why Abort was called, kept for later ops
 }
 
 // slot holds the backend of one device type, or why it could not be made.
@@ -166,7 +168,7 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	if !cfg.SkipInitBarrier {
 		if err := pg.storeBarrier(ctx, "init", cfg.Timeout); err != nil {
 			pg.Abort(ctx, err)
-			pg.stopDaemons()
+			pg.Close(ctx)
 			return nil, err
 		}
 	}
@@ -350,13 +352,26 @@ func (pg *ProcessGroup) NewGroup(ctx context.Context, ranks []int, opts GroupOpt
 }
 
 // Close waits for issued ops to finish, bounded by ctx, and releases the
-// group's backends. Later ops fail with ErrClosed. Closing twice is a no-op.
+// group's backends. Later ops fail with ErrClosed. Closing the default group
+// closes every group of the process, as PyTorch's destroy_process_group
+// does. Closing twice is a no-op; Close after Abort releases what Abort
+// left.
 func (pg *ProcessGroup) Close(ctx context.Context) error {
+	var err error
+	for _, g := range pg.family() {
+		err = errors.Join(err, g.closeOne(ctx))
+	}
+	return err
+}
+
+func (pg *ProcessGroup) closeOne(ctx context.Context) error {
 	pg.mu.Lock()
 	defer pg.mu.Unlock()
-	if pg.closed.Swap(true) {
+	pg.closed.Store(true)
+	if pg.released {
 		return nil
 	}
+	pg.released = true
 	err := pg.closeBackends(ctx)
 	if pg == pg.root {
 		pg.stopDaemons()
@@ -377,15 +392,39 @@ func (pg *ProcessGroup) closeBackends(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// family returns the groups a Close or Abort of pg covers: every group of
+// the process for the default group, else pg alone.
+func (pg *ProcessGroup) family() []*ProcessGroup {
+	if pg != pg.root {
+		return []*ProcessGroup{pg}
+	}
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	if len(pg.groups) == 0 { // Init failed before the list was made
+		return []*ProcessGroup{pg}
+	}
+	// Subgroups first: their backends may derive from the default group's.
+	out := slices.Clone(pg.groups[1:])
+	slices.Reverse(out)
+	return append(out, pg)
+}
+
 // Abort stops every backend of the group at once, without waiting for
-// peers. Pending works fail with ErrAborted wrapping reason, and later ops
-// fail with an error that keeps it.
+// peers; for the default group, of every group. Pending works fail with
+// ErrAborted wrapping reason, and later ops fail with an error that keeps
+// it. Call Close afterwards to stop the group's goroutines.
 func (pg *ProcessGroup) Abort(ctx context.Context, reason error) error {
-	pg.closed.Store(true)
+	if reason == nil {
+		reason = errors.New("aborted by the application")
+	}
 	var errs []error
-	for _, s := range pg.backends {
-		if s.b != nil {
-			errs = append(errs, s.b.Abort(ctx, reason))
+	for _, g := range pg.family() {
+		g.abortReason.CompareAndSwap(nil, &reason)
+		g.closed.Store(true)
+		for _, s := range g.backends {
+			if s.b != nil {
+				errs = append(errs, s.b.Abort(ctx, reason))
+			}
 		}
 	}
 	return errors.Join(errs...)
