@@ -105,7 +105,9 @@ func TestDeadAndClosed(t *testing.T) {
 func BenchmarkPingPong8(b *testing.B) {
 	x, y := pair(b, 1<<16)
 	ctx := context.Background()
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		var buf [8]byte
 		for {
 			if _, err := io.ReadFull(y.In, buf[:]); err != nil {
@@ -126,4 +128,8 @@ func BenchmarkPingPong8(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	// The echo goroutine must be out of the rings before Cleanup unmaps them.
+	x.Close()
+	y.Close()
+	<-done
 }
