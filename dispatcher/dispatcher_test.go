@@ -16,18 +16,26 @@ import (
 	"github.com/gocoll/gocoll/tensor"
 )
 
-// initRanks starts world ranks as goroutines over one HashStore and returns
-// their groups, in rank order.
+// initRanks starts world ranks on the recording backends, which log to log.
 func initRanks(t *testing.T, world int, backendStr string, log *callLog) []*ProcessGroup {
 	t.Helper()
-	st := store.NewHashStore()
+	return initGroups(t, world, Config{Backend: backendStr, Timeout: 5 * time.Second,
+		BackendOptions: map[string]any{"reccpu": log, "reccuda": log}})
+}
+
+// initGroups starts world ranks as goroutines over one HashStore, each
+// with cfg plus its rank, and returns their groups in rank order.
+func initGroups(t *testing.T, world int, cfg Config) []*ProcessGroup {
+	t.Helper()
+	cfg.Store, cfg.WorldSize = store.NewHashStore(), world
 	pgs := make([]*ProcessGroup, world)
 	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for r := range world {
 		wg.Go(func() {
-			pgs[r], errs[r] = Init(context.Background(), Config{Store: st, Rank: r, WorldSize: world, Backend: backendStr,
-				Timeout: 5 * time.Second, BackendOptions: map[string]any{"reccpu": log, "reccuda": log}})
+			c := cfg
+			c.Rank = r
+			pgs[r], errs[r] = Init(context.Background(), c)
 		})
 	}
 	wg.Wait()

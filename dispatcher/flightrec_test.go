@@ -16,31 +16,10 @@ import (
 	"github.com/gocoll/gocoll/tensor"
 )
 
-// initRecorded starts world ranks with flight recorders dumping into dir.
+// initRecorded starts world ranks with flight recorders configured by fro.
 func initRecorded(t *testing.T, world int, fro FlightRecorderOptions) []*ProcessGroup {
 	t.Helper()
-	st := store.NewHashStore()
-	pgs := make([]*ProcessGroup, world)
-	errs := make([]error, world)
-	var wg sync.WaitGroup
-	for r := range world {
-		wg.Go(func() {
-			pgs[r], errs[r] = Init(context.Background(), Config{Store: st, Rank: r, WorldSize: world, Backend: "reccpu",
-				Timeout: 5 * time.Second, FlightRecorder: fro})
-		})
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-	}
-	t.Cleanup(func() {
-		for _, pg := range pgs {
-			pg.Close(context.Background())
-		}
-	})
-	return pgs
+	return initGroups(t, world, Config{Backend: "reccpu", Timeout: 5 * time.Second, FlightRecorder: fro})
 }
 
 func TestFlightRecorderRing(t *testing.T) {

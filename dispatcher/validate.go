@@ -155,43 +155,32 @@ func first(args []targ) *tensor.Tensor {
 	return nil
 }
 
-func (c *checker) sameDType(msg string, args ...targ) {
+// sameAs fails on the first tensor whose key differs from the first
+// tensor's; why formats the two keys.
+func sameAs[K comparable](c *checker, msg string, args []targ, key func(*tensor.Tensor) K, why string) {
 	ref := first(args)
 	if ref == nil {
 		return
 	}
+	want := key(ref)
 	c.eachTensor(msg, args, func(t *tensor.Tensor) string {
-		if t.DType() != ref.DType() {
-			return fmt.Sprintf("is %s, others are %s", t.DType(), ref.DType())
+		if got := key(t); got != want {
+			return fmt.Sprintf(why, got, want)
 		}
 		return ""
 	})
+}
+
+func (c *checker) sameDType(msg string, args ...targ) {
+	sameAs(c, msg, args, (*tensor.Tensor).DType, "is %v, others are %v")
 }
 
 func (c *checker) sameDevice(msg string, args ...targ) {
-	ref := first(args)
-	if ref == nil {
-		return
-	}
-	c.eachTensor(msg, args, func(t *tensor.Tensor) string {
-		if t.Device() != ref.Device() {
-			return fmt.Sprintf("is on %s, others on %s", t.Device(), ref.Device())
-		}
-		return ""
-	})
+	sameAs(c, msg, args, (*tensor.Tensor).Device, "is on %v, others on %v")
 }
 
 func (c *checker) sameNumel(msg string, args ...targ) {
-	ref := first(args)
-	if ref == nil {
-		return
-	}
-	c.eachTensor(msg, args, func(t *tensor.Tensor) string {
-		if t.Numel() != ref.Numel() {
-			return fmt.Sprintf("has %d elements, others %d", t.Numel(), ref.Numel())
-		}
-		return ""
-	})
+	sameAs(c, msg, args, (*tensor.Tensor).Numel, "has %d elements, others %d")
 }
 
 func (c *checker) root(msg string, root int) {
