@@ -54,6 +54,8 @@ const (
 	EnvSocketIfname = "GOCOLL_SOCKET_IFNAME"
 	// EnvThreads sets Options.Threads.
 	EnvThreads = "GOCOLL_CPUPOOL_THREADS"
+	// EnvTransport sets Options.Transport ("auto", "tcp" or "shm").
+	EnvTransport = "GOCOLL_CPUPOOL_TRANSPORT"
 )
 
 // Options are cpupool's backend options (backend.Config.Options, as
@@ -83,6 +85,21 @@ type Options struct {
 	// MaxMessageBytes bounds a message that arrives before its receive is
 	// posted (default 4 GiB).
 	MaxMessageBytes int64
+	// Transport is the data path to peers on this host (GOCOLL_CPUPOOL_TRANSPORT):
+	// "auto" (default) uses shared memory where both ranks are on one host
+	// (same host name and boot id) and it can be set up, TCP otherwise;
+	// "tcp" always uses TCP; "shm" requires shared memory to every peer.
+	// The TCP connections exist in every mode: they carry the setup and
+	// detect a peer's death.
+	Transport string
+	// ShmRingBytes is the capacity of each direction of a shared-memory
+	// pair (a power of two; default 4 MiB).
+	ShmRingBytes int
+	// PollSpin is how long a receive from a shared-memory peer, and a Wait
+	// on a work, poll before they park (default 50 µs; negative: never).
+	// Polling trades a little CPU for the goroutine wake-ups that dominate
+	// small-message latency.
+	PollSpin time.Duration
 }
 
 func init() {
@@ -136,6 +153,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		ConnectTimeout: opts.ConnectTimeout, MaxMessage: opts.MaxMessageBytes, Pool: &b.pool,
 		SocketBuffer: opts.SocketBufferBytes,
 		OnProbe:      func() uint64 { return b.issued.Load() },
+		Transport:    opts.Transport, ShmRingBytes: opts.ShmRingBytes, PollSpin: opts.PollSpin,
 	})
 	if err != nil {
 		return nil, &backend.OpError{Op: "init", Rank: cfg.Rank, Backend: Name, Kind: backend.ErrUnavailable, Err: err}
@@ -171,6 +189,22 @@ func (o *Options) fill(cfg backend.Config) error {
 	}
 	if o.Threads == 0 {
 		o.Threads = 2
+	}
+	if o.Transport == "" {
+		o.Transport = os.Getenv(EnvTransport)
+	}
+	switch o.Transport {
+	case "":
+		o.Transport = tcpmesh.TransportAuto
+	case tcpmesh.TransportAuto, tcpmesh.TransportTCP, tcpmesh.TransportShm:
+	default:
+		return fmt.Errorf("%w: cpupool: transport %q: want auto, tcp or shm (Options.Transport or %s)", backend.ErrInvalidArgument, o.Transport, EnvTransport)
+	}
+	if o.ShmRingBytes < 0 || o.ShmRingBytes&(o.ShmRingBytes-1) != 0 {
+		return fmt.Errorf("%w: cpupool: ShmRingBytes %d is not a power of two", backend.ErrInvalidArgument, o.ShmRingBytes)
+	}
+	if o.PollSpin == 0 {
+		o.PollSpin = 50 * time.Microsecond
 	}
 	if o.Threads < 0 || o.SegmentBytes < 0 || o.SmallBytes < 0 || o.Window < 0 || o.MaxMessageBytes < 0 || o.ConnectTimeout < 0 || o.SocketBufferBytes < 0 {
 		return fmt.Errorf("%w: cpupool: negative option in %+v", backend.ErrInvalidArgument, *o)
