@@ -33,12 +33,14 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/internal/coll"
 	"github.com/gocoll/gocoll/internal/tcpmesh"
 	"github.com/gocoll/gocoll/tensor"
@@ -147,7 +149,8 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		return nil, err
 	}
 	b := &Backend{cfg: cfg, opts: opts}
-	b.q.cond.L = &b.q.mu
+	lazy := 4 * opts.PollSpin // < 0 when polling is off: no deferred wake-ups either
+	b.q.init(lazy)
 	mesh, err := tcpmesh.Connect(ctx, tcpmesh.Config{
 		Rank: cfg.Rank, Size: cfg.WorldSize, Store: cfg.Store, Host: opts.Host,
 		ConnectTimeout: opts.ConnectTimeout, MaxMessage: opts.MaxMessageBytes, Pool: &b.pool,
@@ -343,12 +346,38 @@ func (b *Backend) shutdown(err error) {
 
 // queue is the unbounded FIFO of collectives waiting for a worker; 1000
 // ops in flight must not block the caller.
+//
+// A job pushed onto an empty queue does not wake an idle worker at once:
+// the caller usually waits for it right away and then runs it itself
+// (work.Wait), and waking a worker that finds nothing costs a core that
+// the peer needs on a small machine. The nudge timer wakes one after
+// lazy, in case nobody waits; a queue with a backlog wakes workers at
+// once, and each worker that pops a job with more behind it wakes the next.
 type queue struct {
 	mu     sync.Mutex
 	cond   sync.Cond
 	items  []*job
 	head   int
 	closed error
+	idle   int // workers parked in cond.Wait
+	lazy   time.Duration
+	nudge  *time.Timer
+}
+
+// init sets the queue up; lazy <= 0 wakes a worker on every push.
+func (q *queue) init(lazy time.Duration) {
+	q.cond.L = &q.mu
+	q.lazy = lazy
+	if lazy > 0 {
+		q.nudge = time.AfterFunc(time.Hour, func() {
+			q.mu.Lock()
+			if q.head < len(q.items) {
+				q.cond.Signal()
+			}
+			q.mu.Unlock()
+		})
+		q.nudge.Stop()
+	}
 }
 
 func (q *queue) push(j *job) bool {
@@ -358,7 +387,13 @@ func (q *queue) push(j *job) bool {
 		return false
 	}
 	q.items = append(q.items, j)
-	q.cond.Signal()
+	if q.idle > 0 {
+		if q.nudge != nil && len(q.items)-q.head == 1 {
+			q.nudge.Reset(q.lazy)
+		} else {
+			q.cond.Signal()
+		}
+	}
 	return true
 }
 
@@ -366,7 +401,9 @@ func (q *queue) pop() *job {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for q.head == len(q.items) && q.closed == nil {
+		q.idle++
 		q.cond.Wait()
+		q.idle--
 	}
 	if q.head == len(q.items) {
 		return nil
@@ -376,14 +413,35 @@ func (q *queue) pop() *job {
 	q.head++
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
+	} else if q.idle > 0 {
+		q.cond.Signal() // more work behind this job: wake the next worker
 	}
 	return j
+}
+
+// take removes j if it is the next job a worker would pop, so the caller
+// may run it instead; FIFO order is kept because only the head is taken.
+func (q *queue) take(j *job) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed != nil || q.head == len(q.items) || q.items[q.head] != j {
+		return false
+	}
+	q.items[q.head] = nil
+	q.head++
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	}
+	return true
 }
 
 // close stops the workers; queued jobs fail with err.
 func (q *queue) close(err error) {
 	q.mu.Lock()
 	q.closed = err
+	if q.nudge != nil {
+		q.nudge.Stop()
+	}
 	rest := q.items[q.head:]
 	q.items, q.head = nil, 0
 	q.cond.Broadcast()
@@ -496,7 +554,56 @@ func (b *Backend) collective(ctx context.Context, op backend.Op, m backend.Meta,
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	return j.w, nil
+	return &work{HostWork: j.w, b: b, j: j}, nil
+}
+
+// work is the Work of a collective. Its waits help: a job no worker has
+// picked up yet, and that is next in the queue, runs on the waiting
+// goroutine; otherwise the wait polls for completion for PollSpin before
+// it parks. Either saves goroutine wake-ups (caller to worker and back),
+// which dominate the latency of small ops on a busy machine. The op still
+// returns before it completes, and the queue's order (issue order) is
+// kept, since only its head is taken.
+type work struct {
+	*backend.HostWork
+	b *Backend
+	j *job
+}
+
+// Wait implements backend.Work.
+func (w *work) Wait(ctx context.Context) error {
+	w.b.help(w.j)
+	return w.HostWork.Wait(ctx)
+}
+
+// WaitHost implements backend.Work.
+func (w *work) WaitHost(ctx context.Context) error {
+	w.b.help(w.j)
+	return w.HostWork.WaitHost(ctx)
+}
+
+// BlockStream implements backend.Work: with no stream to order, it blocks
+// the host.
+func (w *work) BlockStream(*cuda.Stream) error { return w.Wait(context.Background()) }
+
+func (b *Backend) help(j *job) {
+	if j.w.IsCompleted() {
+		return
+	}
+	if b.q.take(j) {
+		b.runJob(j)
+		return
+	}
+	if b.opts.PollSpin < 0 {
+		return
+	}
+	start := time.Now()
+	for i := 0; !j.w.IsCompleted(); i++ {
+		if i&15 == 15 && time.Since(start) > b.opts.PollSpin {
+			return
+		}
+		runtime.Gosched()
+	}
 }
 
 // wrap turns an algorithm's error into an *OpError of the right kind.

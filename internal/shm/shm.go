@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -53,6 +54,7 @@ const (
 	offHead     = 64  // consumer's position (bytes ever read)
 	offDataSeq  = 128 // futex word the consumer sleeps on
 	offConsWait = 132 // consumer announces it sleeps
+	offPolling  = 136 // how many of the consumer's goroutines poll the ring now
 	offSpaceSeq = 192 // futex word the producer sleeps on
 	offProdWait = 196 // producer announces it sleeps
 
@@ -68,8 +70,10 @@ const DefaultRingBytes = 4 << 20
 // Pair is one mapped pair file: Out is the ring this side writes, In the
 // ring it reads.
 type Pair struct {
-	mem     []byte
 	Out, In *Ring
+
+	mu  sync.Mutex // orders Close and MarkDead (which touch the futex words) with Unmap
+	mem []byte     // nil once unmapped
 }
 
 // Ring is one direction of a pair. Write must not be called concurrently
@@ -83,6 +87,7 @@ type Ring struct {
 	head     *atomic.Uint64
 	dataSeq  *atomic.Uint32
 	consWait *atomic.Uint32
+	polling  *atomic.Uint32
 	spaceSeq *atomic.Uint32
 	prodWait *atomic.Uint32
 
@@ -194,6 +199,7 @@ func newPair(mem []byte, ringBytes, side int) *Pair {
 			head:     (*atomic.Uint64)(unsafe.Pointer(&c[offHead])),
 			dataSeq:  (*atomic.Uint32)(unsafe.Pointer(&c[offDataSeq])),
 			consWait: (*atomic.Uint32)(unsafe.Pointer(&c[offConsWait])),
+			polling:  (*atomic.Uint32)(unsafe.Pointer(&c[offPolling])),
 			spaceSeq: (*atomic.Uint32)(unsafe.Pointer(&c[offSpaceSeq])),
 			prodWait: (*atomic.Uint32)(unsafe.Pointer(&c[offProdWait])),
 			Spin:     64,
@@ -205,6 +211,8 @@ func newPair(mem []byte, ringBytes, side int) *Pair {
 // Unmap releases the mapping. The caller must make sure no Read or Write
 // runs or starts on its rings (Close them and wait first).
 func (p *Pair) Unmap() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.mem == nil {
 		return nil
 	}
@@ -216,12 +224,12 @@ func (p *Pair) Unmap() error {
 	return nil
 }
 
-// Close makes the local waits on both rings return ErrClosed, now and later.
+// Close makes the local waits on both rings return ErrClosed, now and
+// later. It may be called more than once, and after Unmap.
 func (p *Pair) Close() {
 	p.Out.closed.Store(true)
 	p.In.closed.Store(true)
-	p.Out.kick()
-	p.In.kick()
+	p.kick()
 }
 
 // MarkDead records that the peer is gone: once nothing is left to read,
@@ -229,8 +237,16 @@ func (p *Pair) Close() {
 func (p *Pair) MarkDead() {
 	p.Out.dead.Store(true)
 	p.In.dead.Store(true)
-	p.Out.kick()
-	p.In.kick()
+	p.kick()
+}
+
+func (p *Pair) kick() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mem != nil {
+		p.Out.kick()
+		p.In.kick()
+	}
 }
 
 // kick wakes whoever sleeps on this ring's futex words, so that a flag
@@ -291,10 +307,49 @@ func (r *Ring) publish(t uint64) {
 	r.tail.Store(t)
 	// Sequentially consistent atomics: either the consumer sees the new
 	// tail after announcing its sleep, or we see its announcement here.
-	if r.consWait.Load() != 0 {
+	// While the consumer has pollers, they read the bytes (or wake the
+	// sleeper themselves), and the system call is saved.
+	if r.consWait.Load() != 0 && r.polling.Load() == 0 {
 		r.dataSeq.Add(1)
 		futexWake(r.dataSeq)
 	}
+}
+
+// BeginPoll announces a goroutine of the consumer's side that polls the
+// ring (with Peek and Read, never sleeping): while one does, the producer
+// does not wake the consumer's sleeper, and the pollers must call
+// WakeReader when they leave bytes they will not read. Pair it with
+// EndPoll.
+func (r *Ring) BeginPoll() { r.polling.Add(1) }
+
+// EndPoll ends a BeginPoll. The last poller out wakes the sleeper if bytes
+// are waiting, since the producer may have skipped that while it polled.
+func (r *Ring) EndPoll() {
+	if r.polling.Add(^uint32(0)) == 0 {
+		r.WakeReader()
+	}
+}
+
+// WakeReader wakes the consumer's sleeper if it sleeps while bytes wait.
+func (r *Ring) WakeReader() {
+	if r.consWait.Load() != 0 && r.tail.Load() != r.head.Load() {
+		r.dataSeq.Add(1)
+		futexWake(r.dataSeq)
+	}
+}
+
+// Peek copies the next len(p) bytes without consuming them; it reports
+// false, copying nothing, if fewer are buffered. Only the consumer may
+// call it.
+func (r *Ring) Peek(p []byte) bool {
+	h := r.head.Load()
+	if r.tail.Load()-h < uint64(len(p)) {
+		return false
+	}
+	off := h & r.mask
+	c := copy(p, r.data[off:])
+	copy(p[c:], r.data)
+	return true
 }
 
 // waitSpace waits until n bytes are free.
@@ -353,29 +408,33 @@ func (r *Ring) Read(p []byte) (int, error) {
 
 // WaitData waits until there is something to read. It fails with ErrClosed
 // after Close, and with ErrPeerDead once the peer is dead and the ring is
-// empty (bytes written before the peer died are still read first).
+// empty (bytes written before the peer died are still read first). While
+// pollers are active (BeginPoll) it leaves the bytes to them and sleeps,
+// until a poller or a timeout wakes it.
 func (r *Ring) WaitData() error {
+	woke := false
 	for i := 0; ; i++ {
 		// dead is loaded before the emptiness check: bytes the peer wrote
 		// before it died are visible once its death is.
 		dead := r.dead.Load()
-		if r.tail.Load() != r.head.Load() {
+		if r.tail.Load() != r.head.Load() && (woke || r.polling.Load() == 0) {
 			return nil
 		}
 		if r.closed.Load() {
 			return ErrClosed
 		}
-		if dead {
+		if dead && r.tail.Load() == r.head.Load() {
 			return ErrPeerDead
 		}
-		if i < r.Spin {
+		if i < r.Spin && r.polling.Load() == 0 {
 			runtime.Gosched()
 			continue
 		}
 		r.consWait.Store(1)
 		seq := r.dataSeq.Load()
-		if r.tail.Load() == r.head.Load() && !r.closed.Load() && !r.dead.Load() {
+		if (r.tail.Load() == r.head.Load() || r.polling.Load() != 0) && !r.closed.Load() && !r.dead.Load() {
 			futexWait(r.dataSeq, seq, sleepSlice)
+			woke = true
 		}
 		r.consWait.Store(0)
 	}

@@ -186,6 +186,7 @@ type peer struct {
 	unmapped bool
 
 	rhdr [hdrLen]byte // the reader's header buffer (a field: no allocation per frame)
+	phdr [hdrLen]byte // poll's peeked header
 
 	wmu  sync.Mutex
 	hdr  [hdrLen]byte
@@ -773,13 +774,35 @@ func (m *Mesh) watch(p *peer) {
 	}
 }
 
-// poll reads the frames a shared-memory peer has sent, on the caller's
-// goroutine, if no one else is reading them now.
+// poll reads the whole frames a shared-memory peer has sent, on the
+// caller's goroutine, if no one else is reading them now. It never waits
+// for bytes: a frame not wholly there yet, or a reader that holds the
+// ring, is left to the reader goroutine, which poll wakes (the producer
+// does not while someone polls; see shm.Ring.BeginPoll).
 func (m *Mesh) poll(p *peer) {
-	if p.rmu.TryLock() {
-		m.drainLocked(p)
-		p.rmu.Unlock()
+	in := p.pair.In
+	if !p.rmu.TryLock() {
+		in.WakeReader()
+		return
 	}
+	for !p.rdone && !p.unmapped {
+		h := p.phdr[:]
+		if !in.Peek(h) {
+			break
+		}
+		need := hdrLen + int(binary.LittleEndian.Uint64(h[16:]))
+		if h[0] != kindData && h[0] != kindProbeReply {
+			need = hdrLen
+		}
+		if in.Buffered() < need {
+			break
+		}
+		if err := m.readFrame(p); err != nil {
+			m.endShm(p, err)
+		}
+	}
+	in.WakeReader()
+	p.rmu.Unlock()
 }
 
 // readFrame reads and handles one frame from p.r.
@@ -1152,6 +1175,8 @@ func (r *Req) spin() bool {
 		return false
 	}
 	p := m.peers[r.peer]
+	p.pair.In.BeginPoll()
+	defer p.pair.In.EndPoll()
 	var start time.Time
 	for i := 0; ; i++ {
 		m.poll(p)
