@@ -97,6 +97,25 @@ type Suite struct {
 	store store.Store // prefixed "conformance/" for the suite's own keys
 	specN int
 	syncN int
+	onEnd []func() // run first thing in the spec's AfterEach; see OnSpecEnd
+	opSeq uint64   // numbers ops that specs issue on a backend directly
+}
+
+// OnSpecEnd registers f to run when the current spec ends, before the
+// suite's own AfterEach steps (the store barrier, and replacing the group
+// after a failure). Ginkgo's DeferCleanup runs after AfterEach, too late for
+// what must be undone before a new group is made: a group whose kernels
+// wait on a peer that never comes, or a closed stream gate (GPU.md's trap:
+// creating a communicator hangs behind it). Functions run in reverse order.
+func (s *Suite) OnSpecEnd(f func()) { s.onEnd = append(s.onEnd, f) }
+
+// Issued skips the spec when err says the backend does not implement the
+// op (ErrUnsupported), with that reason, and returns its arguments, so that
+// s.Done(s.Issued(s.PG.Op(...))) runs an op where the backend has it.
+func (s *Suite) Issued(w backend.Work, err error) (backend.Work, error) {
+	GinkgoHelper()
+	s.SkipUnsupported(err)
+	return w, err
 }
 
 // Ctx returns a context for one step of a spec: the group timeout plus a
@@ -175,6 +194,10 @@ type RankConfig struct {
 	// Skip maps spec ids (the first argument of Suite.Gate) to the reason
 	// the backend does not meet them; those specs are skipped.
 	Skip map[string]string
+	// Info lines describe the run (devices, library versions). Rank 0
+	// prints them, and every rank records them in its report, as entries of
+	// the BeforeSuite node.
+	Info []string
 }
 
 // ProgressPrefix starts the progress lines rank 0 writes, so a launcher can
@@ -202,7 +225,14 @@ func RunRank(ctx context.Context, cfg RankConfig) (bool, error) {
 	if cfg.Download == nil {
 		cfg.Download = ident
 	}
-	world, err := dispatcher.InitFromEnv(ctx, dispatcher.Config{Backend: cfg.Backend, Timeout: cfg.Timeout, BackendOptions: cfg.BackendOptions})
+	dcfg := dispatcher.Config{Backend: cfg.Backend, Timeout: cfg.Timeout, BackendOptions: cfg.BackendOptions}
+	if cfg.Device.Type == tensor.CUDA {
+		// Eager init on the rank's GPU, as PyTorch's device_id: the
+		// communicators exist before any spec closes a stream gate.
+		dev := cfg.Device
+		dcfg.Device = &dev
+	}
+	world, err := dispatcher.InitFromEnv(ctx, dcfg)
 	if err != nil {
 		return false, fmt.Errorf("conformance: init: %w", err)
 	}
@@ -226,7 +256,7 @@ func RunRank(ctx context.Context, cfg RankConfig) (bool, error) {
 	}
 	defer func() { s.PG.Close(context.Background()) }()
 
-	s.declare(cfg.Progress)
+	s.declare(cfg.Progress, cfg.Info)
 	definersMu.Lock()
 	defs := append([]func(*Suite){}, definers...)
 	definersMu.Unlock()
@@ -270,9 +300,19 @@ func agreeSeed(ctx context.Context, st store.Store, rank int, seed int64) (int64
 
 // declare adds the nodes that keep ranks in step around every spec and
 // report progress.
-func (s *Suite) declare(progress io.Writer) {
+func (s *Suite) declare(progress io.Writer, info []string) {
 	var total, done int
 	ReportBeforeSuite(func(r Report) { total = r.PreRunStats.SpecsThatWillRun })
+	if len(info) > 0 {
+		BeforeSuite(func() {
+			for _, line := range info {
+				AddReportEntry("run", line)
+				if progress != nil && s.Rank == 0 {
+					fmt.Fprintf(progress, "%s%s\n", ProgressPrefix, line)
+				}
+			}
+		})
+	}
 	BeforeEach(func() {
 		s.specN++
 		if err := s.Sync(); err != nil {
@@ -280,6 +320,11 @@ func (s *Suite) declare(progress io.Writer) {
 		}
 	})
 	AfterEach(func() {
+		for len(s.onEnd) > 0 {
+			f := s.onEnd[len(s.onEnd)-1]
+			s.onEnd = s.onEnd[:len(s.onEnd)-1]
+			f()
+		}
 		failed := CurrentSpecReport().Failed()
 		ctx, cancel := s.Ctx()
 		defer cancel()

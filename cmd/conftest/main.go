@@ -3,6 +3,7 @@
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0 hosts the TCPStore).
 //
 //	conftest [--backend cpupool] [--nproc 4] [--report out/conformance] [--label-filter 'ops && !stress'] [--focus allreduce]
+//	conftest --backend nccl --nproc 2  one GPU per rank (LOCAL_RANK), CUDA tensors; also "cpu:cpupool,cuda:nccl"
 //	conftest ops                       the op × backend table
 //	conftest bench [--nproc 2,4] [--gloo]   allreduce 8 B … 64 MiB, nccl-tests units
 //
@@ -10,15 +11,18 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gocoll/gocoll/backends/cpupool"
+	_ "github.com/gocoll/gocoll/backends/nccl" // registers "nccl"; conformance sets its options
 	"github.com/gocoll/gocoll/conformance"
 )
 
@@ -74,7 +78,7 @@ type suiteFlags struct {
 
 func (f *suiteFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.backend, "backend", "cpupool", "backend string (a name, or device:backend pairs)")
-	fs.StringVar(&f.labels, "label-filter", "", "Ginkgo label filter, e.g. 'ops && !stress' (labels: ops dtypes errors async lifetime timeout p2p stress)")
+	fs.StringVar(&f.labels, "label-filter", "", "Ginkgo label filter, e.g. 'ops && !stress' (labels: ops dtypes errors async lifetime timeout p2p stress stream coalescing)")
 	fs.StringVar(&f.focus, "focus", "", "run only specs whose text matches this regular expression")
 	fs.Int64Var(&f.seed, "seed", 0, "suite random seed (default: rank 0 draws one)")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "op timeout of the spec groups")
@@ -132,6 +136,16 @@ func rank(args []string) error {
 	}
 	if sf.focus != "" {
 		cfg.Focus = []string{sf.focus}
+	}
+	// One GPU per rank: LOCAL_RANK picks the device when the backend
+	// string routes CUDA tensors ("nccl", "cpu:cpupool,cuda:nccl").
+	local, err := strconv.Atoi(cmp.Or(os.Getenv("LOCAL_RANK"), "0"))
+	if err != nil {
+		return fmt.Errorf("LOCAL_RANK: %w", err)
+	}
+	if err := conformance.SetupCUDA(&cfg, local); err != nil {
+		fmt.Fprintln(os.Stderr, "conftest:", err)
+		os.Exit(2) // a setup error: Launch stops the other ranks
 	}
 	conformance.Main(cfg)
 	return errors.New("unreachable")
