@@ -480,10 +480,22 @@ func (b *Backend) runJob(j *job) {
 	j.w.MarkStarted()
 	err := j.run(j.ctx, j.tag)
 	if err != nil {
+		if j.tag != 0 && j.tag < p2pBit && sizeMismatch(err) {
+			// The peers may wait for messages this rank will not send
+			// now: tell them, so that every rank fails, not only this one.
+			b.mesh.FailTag(j.tag, tcpmesh.CodeSize, err)
+		}
 		err = b.wrap(j, err)
 	}
 	j.cancel()
 	j.w.Complete(j.outputs, err)
+}
+
+// sizeMismatch reports whether err is this rank's discovery that the ranks
+// passed buffers of different sizes.
+func sizeMismatch(err error) bool {
+	var ce *coll.SizeError
+	return errors.Is(err, tcpmesh.ErrSize) || errors.As(err, &ce)
 }
 
 // timeoutOf resolves an op's timeout: the dispatcher's, the option's, the
@@ -614,6 +626,9 @@ func (b *Backend) wrap(j *job, err error) error {
 	}
 	e := &backend.OpError{Op: j.op.String(), Seq: j.seq, Rank: b.cfg.Rank, Backend: Name, Err: err}
 	var pe *tcpmesh.PeerError
+	var tse *tcpmesh.SizeError
+	var cse *coll.SizeError
+	var roe *tcpmesh.RemoteOpError
 	var late *coll.LateRanksError
 	var arb *coll.ArbiterError
 	switch {
@@ -628,9 +643,18 @@ func (b *Backend) wrap(j *job, err error) error {
 		e.Kind = backend.ErrClosed
 	case errors.As(err, &pe):
 		e.Kind, e.Ranks = backend.ErrRemote, []int{pe.Rank}
-	case errors.Is(err, tcpmesh.ErrSize):
-		e.Kind = backend.ErrInvalidArgument
+	case errors.As(err, &tse):
+		e.Kind, e.Ranks = backend.ErrInvalidArgument, []int{tse.Rank}
 		e.Detail = "the ranks passed tensors of different sizes"
+	case errors.As(err, &cse):
+		e.Kind, e.Ranks = backend.ErrInvalidArgument, []int{cse.PeerRank}
+		e.Detail = "the ranks passed tensors of different sizes"
+	case errors.As(err, &roe):
+		e.Kind, e.Ranks = backend.ErrRemote, []int{roe.Rank}
+		if roe.Code == tcpmesh.CodeSize {
+			e.Kind = backend.ErrInvalidArgument
+			e.Detail = "the ranks passed tensors of different sizes (found by another rank)"
+		}
 	case j.ctx != nil && errors.Is(j.ctx.Err(), context.DeadlineExceeded):
 		e.Kind, e.Timeout = backend.ErrTimeout, j.timeout
 		e.Ranks = b.lateRanks(j)

@@ -205,3 +205,67 @@ func TestAbortFailsPending(t *testing.T) {
 		t.Fatalf("after abort: %v", err)
 	}
 }
+
+// TestMismatchedSizes: ranks that pass tensors of different sizes to one
+// allreduce must all fail with ErrInvalidArgument, naming the sizes, and
+// quickly: not hang until the timeout, and not return corrupt data. The
+// cases cover the small-message path, the ring (where equal segment sizes
+// with different counts could otherwise pair up the wrong messages), a
+// mix of both, and a world of 3 where only one rank is off.
+func TestMismatchedSizes(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		elems []int
+	}{
+		{"small", []int{4, 8}},
+		{"ring", []int{1 << 20, 3 << 19}}, // 4 MiB vs 6 MiB: 1 MiB segments on both
+		{"small vs ring", []int{4, 1 << 20}},
+		{"three ranks", []int{1 << 18, 1 << 18, 1<<18 + 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bs := group(t, len(tc.elems), nil)
+			errs := make([]error, len(bs))
+			start := time.Now()
+			var wg sync.WaitGroup
+			for r, b := range bs {
+				wg.Go(func() {
+					x := tensor.New(tensor.Float32, tc.elems[r])
+					w, err := b.Allreduce(ctx, backend.Meta{Timeout: 15 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+					if err == nil {
+						err = w.Wait(ctx)
+					}
+					errs[r] = err
+				})
+			}
+			wg.Wait()
+			if el := time.Since(start); el > 5*time.Second {
+				t.Errorf("took %v: a rank waited for its timeout", el)
+			}
+			for r, err := range errs {
+				if !errors.Is(err, backend.ErrInvalidArgument) {
+					t.Errorf("rank %d: want ErrInvalidArgument, got %v", r, err)
+					continue
+				}
+				t.Logf("rank %d: %v", r, err)
+			}
+			// The group stays usable: stragglers of the failed op must
+			// not leak into the next one.
+			each(t, bs, func(r int, b backend.Backend) error {
+				x, _ := tensor.FromSlice([]float32{1, float32(r)})
+				w, err := b.Allreduce(ctx, backend.Meta{}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(ctx); err != nil {
+					return err
+				}
+				n := len(bs)
+				if got, _ := tensor.ToSlice[float32](x); got[0] != float32(n) || got[1] != float32(n*(n-1)/2) {
+					return fmt.Errorf("rank %d: allreduce after the failure: %v", r, got)
+				}
+				return nil
+			})
+		})
+	}
+}

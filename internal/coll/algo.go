@@ -2,6 +2,7 @@ package coll
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"sort"
@@ -103,10 +104,69 @@ func Allreduce(ctx context.Context, c *Comm, tag uint64, buf []byte, k reduce.Ke
 		return allreduceRD(ctx, c, tag, buf, k)
 	}
 	blocks := SplitEven(buf, n, k.ElemSize)
-	if err := ring(ctx, c, tag, blocks, -1, &k); err != nil {
+	if err := ring(ctx, c, tag, blocks, -1, &k, true); err != nil {
 		return err
 	}
-	return ring(ctx, c, tag, blocks, 0, nil)
+	return ring(ctx, c, tag, blocks, 0, nil, false)
+}
+
+// SizeError is a collective's failure because a peer passed a buffer of
+// another size than this rank's.
+type SizeError struct {
+	Rank, Bytes         int // this rank and its size
+	PeerRank, PeerBytes int
+}
+
+func (e *SizeError) Error() string {
+	return fmt.Sprintf("rank %d passed %d bytes, rank %d passed %d bytes", e.PeerRank, e.PeerBytes, e.Rank, e.Bytes)
+}
+
+// sizeCheck is the exchange of total sizes that precedes a ring's data: each
+// rank tells its right neighbour its total and checks its left
+// neighbour's. Without it, ranks whose sizes differ but cut into segments
+// of equal length would pair up the wrong messages: one rank would finish
+// with garbage and another wait forever. Small messages need no check: a
+// mismatch there shows as a message of the wrong length, which the
+// transport fails. Cost: one 8-byte message per ring op, sent with the
+// first data and checked before the first data is used.
+type sizeCheck struct {
+	q            Request
+	mine, theirs [8]byte
+	total        int
+}
+
+func (s *sizeCheck) start(ctx context.Context, t Transport, tag uint64, total int) error {
+	n, r := t.Size(), t.Rank()
+	s.total = total
+	binary.LittleEndian.PutUint64(s.mine[:], uint64(total))
+	s.q = t.Irecv(mod(r-1, n), tag, s.theirs[:])
+	if err := t.Send(ctx, mod(r+1, n), tag, s.mine[:]); err != nil {
+		s.q.Cancel()
+		s.q = nil
+		return err
+	}
+	return nil
+}
+
+// finish waits for the left neighbour's size and compares it.
+func (s *sizeCheck) finish(ctx context.Context, t Transport) error {
+	q := s.q
+	s.q = nil
+	if err := q.Wait(ctx); err != nil {
+		return err
+	}
+	if got := int(binary.LittleEndian.Uint64(s.theirs[:])); got != s.total {
+		return &SizeError{Rank: t.Rank(), Bytes: s.total, PeerRank: mod(t.Rank()-1, t.Size()), PeerBytes: got}
+	}
+	return nil
+}
+
+// cancel withdraws the size receive if it is still posted.
+func (s *sizeCheck) cancel() {
+	if s.q != nil {
+		s.q.Cancel()
+		s.q = nil
+	}
 }
 
 // allreduceRD is recursive doubling. With a world size that is not a power
@@ -169,7 +229,15 @@ func ReduceScatter(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, k 
 	if c.T.Size() == 1 {
 		return nil
 	}
-	return ring(ctx, c, tag, blocks, -1, &k)
+	return ring(ctx, c, tag, blocks, -1, &k, true)
+}
+
+func total(blocks [][]byte) int {
+	n := 0
+	for _, b := range blocks {
+		n += len(b)
+	}
+	return n
 }
 
 // Allgather fills every blocks[i] from rank i, given that each rank has
@@ -179,7 +247,7 @@ func Allgather(ctx context.Context, c *Comm, tag uint64, blocks [][]byte) error 
 	if c.T.Size() == 1 {
 		return nil
 	}
-	return ring(ctx, c, tag, blocks, 0, nil)
+	return ring(ctx, c, tag, blocks, 0, nil, true)
 }
 
 type ringItem struct {
@@ -195,7 +263,10 @@ type ringItem struct {
 // a = 0). Blocks are cut into segments; the send of a segment at step s+1
 // follows as soon as that segment has been received at step s, so sending,
 // receiving and reducing overlap.
-func ring(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, a int, k *reduce.Kernel) error {
+//
+// With check, the ring first exchanges total sizes (sizeCheck) and fails
+// with a *SizeError before it uses any received data if they differ.
+func ring(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, a int, k *reduce.Kernel, check bool) error {
 	t := c.T
 	n, r := t.Size(), t.Rank()
 	right, left := mod(r+1, n), mod(r-1, n)
@@ -227,6 +298,15 @@ func ring(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, a int, k *r
 		slots = c.get(w * seg)
 		defer c.put(slots)
 	}
+	var sc sizeCheck
+	if check {
+		// Posted before the data receives: messages from one peer under
+		// one tag match in posting order, so the size comes first.
+		if err := sc.start(ctx, t, tag, total(blocks)); err != nil {
+			return err
+		}
+		defer sc.cancel()
+	}
 	var pending reqs
 	defer pending.cancel()
 	posted, done, si := 0, 0, 0
@@ -254,6 +334,11 @@ func ring(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, a int, k *r
 			si++
 		}
 		if done < len(recvs) {
+			if sc.q != nil {
+				if err := sc.finish(ctx, t); err != nil {
+					return err
+				}
+			}
 			if err := pending.wait(ctx); err != nil {
 				return err
 			}

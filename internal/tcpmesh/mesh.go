@@ -65,6 +65,8 @@ const (
 	kindProbe      = 2 // tag: probe id; no payload
 	kindProbeReply = 3 // tag: probe id; payload: 8-byte value
 	kindBye        = 4 // the peer closes in order; no payload
+	kindFail       = 5 // tag: an op the peer gave up; payload: 1 byte code, then the reason
+	maxReason      = 4 << 10
 	hdrLen         = 24
 	helloMagic     = 0x67636f6c // "gcol"
 	smallWrite     = 32 << 10   // payloads up to this are copied next to the header: one syscall
@@ -80,6 +82,41 @@ var (
 	// ErrSize is a receive whose buffer does not match the message's length.
 	ErrSize = errors.New("tcpmesh: message size mismatch")
 )
+
+// SizeError is a receive that a message of another length matched: the
+// ranks disagree on the size of the op's buffers. It wraps ErrSize.
+type SizeError struct {
+	Rank      int // the sender
+	Tag       uint64
+	Got, Want int // the message's length, the receive's
+}
+
+func (e *SizeError) Error() string {
+	return fmt.Sprintf("%v: %d bytes from rank %d, tag %d, for a %d-byte receive", ErrSize, e.Got, e.Rank, e.Tag, e.Want)
+}
+
+func (e *SizeError) Unwrap() error { return ErrSize }
+
+// Codes of FailTag.
+const (
+	// CodeOther is any reason not listed.
+	CodeOther = 0
+	// CodeSize is a size mismatch between the ranks' buffers.
+	CodeSize = 1
+)
+
+// RemoteOpError fails the receives of an op that a peer gave up (FailTag):
+// the peer will not send the rest, so waiting would only hang.
+type RemoteOpError struct {
+	Rank   int    // the rank that gave up
+	Tag    uint64 // the op's tag
+	Code   byte   // CodeSize or CodeOther
+	Reason string // the peer's error text
+}
+
+func (e *RemoteOpError) Error() string {
+	return fmt.Sprintf("rank %d gave up this op (tag %d): %s", e.Rank, e.Tag, e.Reason)
+}
 
 // PeerError is the failure of the connection to Rank: the peer died,
 // closed its end, or broke the protocol.
@@ -158,7 +195,8 @@ type Mesh struct {
 	unexpected map[key]msgList
 	arrivals   uint64 // arrival counter, orders unexpected messages for anysource
 	broken     error
-	gone       []error // per peer: closed in order
+	gone       []error                   // per peer: closed in order
+	failed     map[uint64]*RemoteOpError // tags that a peer gave up
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
 
@@ -234,6 +272,7 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 		unexpected: map[key]msgList{},
 		probes:     map[uint64]chan uint64{},
 		gone:       make([]error, cfg.Size),
+		failed:     map[uint64]*RemoteOpError{},
 	}
 	if m.pool == nil {
 		m.pool = &coll.Pool{}
@@ -836,6 +875,15 @@ func (m *Mesh) readFrame(p *peer) error {
 	case kindBye:
 		p.bye = true
 		m.peerGone(p.rank)
+	case kindFail:
+		if n < 1 || n > maxReason {
+			return fmt.Errorf("failure notice of %d bytes", n)
+		}
+		b := make([]byte, n) // rare: an op failed
+		if _, err := io.ReadFull(p.r, b); err != nil {
+			return err
+		}
+		m.tagFailed(&RemoteOpError{Rank: p.rank, Tag: tag, Code: b[0], Reason: string(b[1:])})
 	case kindProbeReply:
 		if n != 8 {
 			return fmt.Errorf("probe reply of %d bytes", n)
@@ -881,7 +929,7 @@ func (m *Mesh) deliver(p *peer, tag uint64, n uint64) error {
 				r.complete(&PeerError{Rank: p.rank, Err: err})
 				return err
 			}
-			r.complete(fmt.Errorf("%w: %d bytes from rank %d, tag %d, for a %d-byte receive", ErrSize, n, p.rank, tag, len(r.buf)))
+			r.complete(&SizeError{Rank: p.rank, Tag: tag, Got: int(n), Want: len(r.buf)})
 			return nil
 		}
 		if _, err := io.ReadFull(p.r, r.buf); err != nil {
@@ -890,6 +938,12 @@ func (m *Mesh) deliver(p *peer, tag uint64, n uint64) error {
 		}
 		r.complete(nil)
 		return nil
+	}
+	if len(m.failed) > 0 && m.failed[tag] != nil {
+		// A straggler of an op that failed: nobody will receive it.
+		m.mu.Unlock()
+		_, err := io.CopyN(io.Discard, p.r, int64(n))
+		return err
 	}
 	if n > uint64(m.cfg.MaxMessage) {
 		m.mu.Unlock()
@@ -925,7 +979,7 @@ func (m *Mesh) fill(r *Req, mg *msg) {
 	case mg.err != nil:
 		err = mg.err
 	case len(mg.buf) != len(r.buf):
-		err = fmt.Errorf("%w: %d bytes from rank %d, tag %d, for a %d-byte receive", ErrSize, len(mg.buf), mg.src, mg.tag, len(r.buf))
+		err = &SizeError{Rank: mg.src, Tag: mg.tag, Got: len(mg.buf), Want: len(r.buf)}
 	default:
 		copy(r.buf, mg.buf)
 	}
@@ -963,6 +1017,14 @@ func (m *Mesh) irecv(peer int, tag uint64, buf []byte) *Req {
 		r.state = stateClaimed
 		r.complete(err)
 		return r
+	}
+	if len(m.failed) > 0 {
+		if e := m.failed[tag]; e != nil {
+			m.mu.Unlock()
+			r.state = stateClaimed
+			r.complete(e)
+			return r
+		}
 	}
 	var mg *msg
 	if peer >= 0 {
@@ -1005,6 +1067,64 @@ func (m *Mesh) irecv(peer int, tag uint64, buf []byte) *Req {
 	}
 	m.mu.Unlock()
 	return r
+}
+
+// FailTag tells every peer that this rank gave up the op with tag (for
+// the reason err, of kind code), so that their receives of it fail with a
+// *RemoteOpError instead of waiting for messages that will not come. Best
+// effort, bounded by a second per peer.
+func (m *Mesh) FailTag(tag uint64, code byte, err error) {
+	reason := err.Error()
+	if len(reason) > maxReason-1 {
+		reason = reason[:maxReason-1]
+	}
+	b := append([]byte{code}, reason...)
+	// Locally too: stragglers of the op that arrive later are dropped.
+	m.tagFailed(&RemoteOpError{Rank: m.rank, Tag: tag, Code: code, Reason: reason})
+	var wg sync.WaitGroup
+	for _, p := range m.peers {
+		if p == nil {
+			continue
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = m.write(ctx, p.rank, kindFail, tag, b)
+		})
+	}
+	wg.Wait()
+}
+
+// tagFailed records a peer's FailTag: the receives posted under the tag
+// fail now, later ones at once, and messages already queued for it are
+// dropped.
+func (m *Mesh) tagFailed(e *RemoteOpError) {
+	var victims []*Req
+	m.mu.Lock()
+	if _, ok := m.failed[e.Tag]; !ok {
+		m.failed[e.Tag] = e
+	}
+	for peer := range m.size {
+		k := key{peer, e.Tag}
+		for r := popReq(m.posted, k); r != nil; r = popReq(m.posted, k) {
+			r.state = stateClaimed
+			victims = append(victims, r)
+		}
+		for l := m.unexpected[k]; l.head != nil && l.head.ready; l = m.unexpected[k] {
+			mg := popMsg(m.unexpected, k)
+			m.pool.Put(mg.buf)
+			*mg = msg{}
+			m.msgPool.Put(mg)
+		}
+	}
+	for r := popReq(m.anyPosted, e.Tag); r != nil; r = popReq(m.anyPosted, e.Tag) {
+		r.state = stateClaimed
+		victims = append(victims, r)
+	}
+	m.mu.Unlock()
+	for _, r := range victims {
+		r.complete(e)
+	}
 }
 
 // peerGone records an orderly close of peer and fails the receives posted
