@@ -58,7 +58,11 @@
 	X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", 1, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream)) \
 	X(cuMemsetD8Async, "cuMemsetD8Async", 1, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream)) \
 	X(cuMemsetD32Async, "cuMemsetD32Async", 1, CUresult, (CUdeviceptr, unsigned int, size_t, CUstream)) \
-	X(cuPointerGetAttribute, "cuPointerGetAttribute", 1, CUresult, (void *, int, CUdeviceptr))
+	X(cuPointerGetAttribute, "cuPointerGetAttribute", 1, CUresult, (void *, int, CUdeviceptr)) \
+	X(cuModuleLoadData, "cuModuleLoadData", 0, CUresult, (void **, const void *))         \
+	X(cuModuleUnload, "cuModuleUnload", 0, CUresult, (void *))                            \
+	X(cuModuleGetFunction, "cuModuleGetFunction", 0, CUresult, (void **, void *, const char *)) \
+	X(cuLaunchKernel, "cuLaunchKernel", 0, CUresult, (void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **))
 
 #define GC_DECL(f, s, req, ret, params) static ret(*p_##f) params;
 GC_SYMS(GC_DECL)
@@ -277,4 +281,37 @@ CUresult gc_event_create_n(uintptr_t ctx, uintptr_t *out, int n, unsigned flags)
 		out[i] = (uintptr_t)ev;
 	}
 	return 0;
+}
+
+CUresult gc_module_load(uintptr_t ctx, uintptr_t *mod, const void *image) {
+	GC_NEED(cuModuleLoadData);
+	SETCTX(ctx);
+	void *m = NULL;
+	CUresult r = p_cuModuleLoadData(&m, image);
+	*mod = (uintptr_t)m;
+	return r;
+}
+CUresult gc_module_unload(uintptr_t ctx, uintptr_t mod) {
+	GC_NEED(cuModuleUnload);
+	SETCTX(ctx);
+	return p_cuModuleUnload((void *)mod);
+}
+CUresult gc_module_function(uintptr_t ctx, uintptr_t *fn, uintptr_t mod, const char *name) {
+	GC_NEED(cuModuleGetFunction);
+	SETCTX(ctx);
+	void *f = NULL;
+	CUresult r = p_cuModuleGetFunction(&f, (void *)mod, name);
+	*fn = (uintptr_t)f;
+	return r;
+}
+// gc_launch launches fn with nargs parameters packed in args at offsets;
+// cuLaunchKernel copies them before it returns.
+CUresult gc_launch(uintptr_t ctx, uintptr_t fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shmem, uintptr_t s, void *args, const size_t *offsets, int nargs) {
+	GC_NEED(cuLaunchKernel);
+	SETCTX(ctx);
+	void *params[16];
+	if (nargs > 16) return 1; // CUDA_ERROR_INVALID_VALUE
+	for (int i = 0; i < nargs; i++) params[i] = (char *)args + offsets[i];
+	return p_cuLaunchKernel((void *)fn, gx, gy, gz, bx, by, bz, shmem, (CUstream)s, params, NULL);
 }

@@ -82,6 +82,12 @@ CUresult gc_memset_d8_async(uintptr_t ctx, CUdeviceptr p, unsigned char v, size_
 CUresult gc_memset_d32_async(uintptr_t ctx, CUdeviceptr p, unsigned int v, size_t n, uintptr_t s);
 CUresult gc_pointer_device(uintptr_t ctx, int *ordinal, CUdeviceptr p);
 
+CUresult gc_module_load(uintptr_t ctx, uintptr_t *mod, const void *image);
+CUresult gc_module_unload(uintptr_t ctx, uintptr_t mod);
+CUresult gc_module_function(uintptr_t ctx, uintptr_t *fn, uintptr_t mod, const char *name);
+CUresult gc_launch(uintptr_t ctx, uintptr_t fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shmem, uintptr_t s, void *args, const size_t *offsets, int nargs);
+
 // gc_make_current makes ctx current on the calling thread (for C code in
 // other packages, such as the NCCL backend, that shares these pointers).
 CUresult gc_make_current(uintptr_t ctx);

@@ -29,8 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"log/slog"
-	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -90,6 +88,11 @@ type Backend struct {
 	stop     chan struct{}
 	wdDone   chan struct{}
 	stopOnce sync.Once
+
+	heartbeat  atomic.Uint64 // watchdog rounds (backend.Heartbeater)
+	dumped     atomic.Bool   // DumpAll was called for a failure
+	published  atomic.Bool   // this rank wrote the remote-error key
+	remoteSeen string        // the last remote-error value acted on; watchdog only
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -189,6 +192,9 @@ type comm struct {
 
 	aborted atomic.Bool
 	asyncMu sync.Mutex // ncclCommGetAsyncError is not safe from two threads at once
+
+	nan   *nanChecker // with Options.NaNCheck
+	nanMu sync.Mutex  // serialises the NaN check's flag
 }
 
 func (c *comm) event(timing bool) (*cuda.Event, error) {
@@ -501,6 +507,13 @@ func (b *Backend) finishComm(c *comm) error {
 	if c.scratch, err = c.dev.AllocOn(c.stream, 4); err != nil {
 		return err
 	}
+	if b.opts.NaNCheck {
+		// Loading a module may synchronise the device: do it now, before
+		// any stream can be gated.
+		if c.nan, err = newNaNChecker(c.dev); err != nil {
+			return err
+		}
+	}
 	return c.stream.Memset32(c.scratch.Ptr(), 0, 1)
 }
 
@@ -572,31 +585,18 @@ func (b *Backend) enqueue(w *Work) {
 	}
 }
 
-// Abort implements backend.Core: it aborts every communicator, fails
-// pending works with ErrAborted wrapping reason, and stops the watchdog.
+// Abort implements backend.Core: it aborts every communicator of the group
+// at once, bounded by Options.AbortTimeout and ctx, fails pending works
+// with ErrAborted wrapping reason, and stops the watchdog. Later ops fail
+// with ErrAborted wrapping reason.
 func (b *Backend) Abort(ctx context.Context, reason error) error {
 	if reason == nil {
 		reason = errors.New("aborted")
 	}
 	b.abortErr.CompareAndSwap(nil, &reason)
-	b.abortComms(ctx, reason)
+	b.abortAll(ctx, reason)
 	b.stopWatchdog()
 	return nil
-}
-
-func (b *Backend) abortComms(ctx context.Context, reason error) {
-	for _, c := range b.comms() {
-		if c.aborted.Swap(true) {
-			continue
-		}
-		C.gn_comm_abort(C.uintptr_t(c.ctx), C.uintptr_t(c.handle))
-	}
-	b.mu.Lock()
-	pend := slices.Clone(b.pending)
-	b.mu.Unlock()
-	for _, w := range pend {
-		w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.rank, Backend: Name, Kind: backend.ErrAborted, Err: reason})
-	}
 }
 
 // Close implements backend.Core: it waits (bounded by ctx) for issued ops
@@ -623,7 +623,7 @@ func (b *Backend) Close(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			err = fmt.Errorf("nccl: close: %w", ctx.Err())
-			b.abortComms(ctx, err)
+			b.abortAll(context.Background(), err)
 			b.stopWatchdog()
 			return err
 		case <-time.After(time.Millisecond):
@@ -652,13 +652,6 @@ func (b *Backend) Close(ctx context.Context) error {
 
 func (b *Backend) stopWatchdog() {
 	b.stopOnce.Do(func() { close(b.stop) })
-}
-
-// fatal ends the process after an unrecoverable error, as TearDown and
-// SkipCleanUp do.
-func (b *Backend) fatal(err error) {
-	slog.Error("gocoll nccl: fatal error, ending the process", "rank", b.rank, "group", b.cfg.GroupDesc, "err", err)
-	os.Exit(1)
 }
 
 // lockThread pins the goroutine to its OS thread for an NCCL group, whose

@@ -198,6 +198,11 @@ func (b *Backend) issue(ctx context.Context, m backend.Meta, c *comm, async bool
 		return nil, err
 	}
 	cur := cuda.StreamFor(ctx, c.dev)
+	if c.nan != nil {
+		if err := b.checkNaN(ctx, m, c, cur, []call{k}); err != nil {
+			return nil, err
+		}
+	}
 	w := &Work{b: b, c: c, op: m.Op, seq: m.Seq, timeout: b.timeoutOf(m), async: async, outputs: outs, timing: b.opts.EnableTiming}
 	nstream, syncEv := cur, uintptr(0)
 	if async {
@@ -290,6 +295,11 @@ func (b *Backend) issueGroup(ctx context.Context, m backend.Meta, c *comm, async
 		return b.issue(ctx, m, c, async, ins, outs, calls[0])
 	}
 	cur := cuda.StreamFor(ctx, c.dev)
+	if c.nan != nil {
+		if err := b.checkNaN(ctx, m, c, cur, calls); err != nil {
+			return nil, err
+		}
+	}
 	w := &Work{b: b, c: c, op: m.Op, seq: m.Seq, timeout: b.timeoutOf(m), async: async, outputs: outs, timing: b.opts.EnableTiming}
 	nstream, syncEv := cur, uintptr(0)
 	if async {

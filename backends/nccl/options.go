@@ -49,12 +49,27 @@ type Options struct {
 	// HighPriorityStream makes the internal streams the device's highest
 	// priority (GOCOLL_NCCL_HIGH_PRIORITY forces it on).
 	HighPriorityStream bool
-	// BlockingWait makes Work.Wait also block the host until the op
-	// completes or times out (GOCOLL_NCCL_BLOCKING_WAIT).
+	// BlockingWait makes Work.Wait block the host until the op completes
+	// or times out, polling every millisecond, and return the error to the
+	// caller (GOCOLL_NCCL_BLOCKING_WAIT). A timeout then aborts the
+	// group's communicators, so later ops fail with ErrAborted keeping the
+	// reason. The watchdog only retires completions: it applies no
+	// ErrorPolicy (blocking wait wins over it, as in PyTorch).
 	BlockingWait bool
-	// ErrorPolicy is applied by the watchdog on timeouts and async errors
-	// (GOCOLL_NCCL_ASYNC_ERROR_HANDLING, 0-3; default SkipCleanUp).
+	// ErrorPolicy is applied by the watchdog on timeouts, async errors and
+	// a peer's error seen through the store (GOCOLL_NCCL_ASYNC_ERROR_HANDLING,
+	// 0-3; default SkipCleanUp).
 	ErrorPolicy ErrorPolicy
+	// NaNCheck runs a kernel over every input an op sends before issuing
+	// it; an input with a NaN fails the op on this rank with an error
+	// wrapping ErrInvalidArgument and ErrNaN (GOCOLL_NCCL_NAN_CHECK). The
+	// host waits for the check, so it costs a stream synchronisation per
+	// op. Receive buffers are not checked.
+	NaNCheck bool
+	// AbortTimeout bounds an abort of the group's communicators (default
+	// 10 s): they are aborted concurrently, and the abort gives up waiting
+	// for ncclCommAbort after this long.
+	AbortTimeout time.Duration
 	// EnableTiming records a start event per op, so that IsStarted and
 	// Duration work (GOCOLL_NCCL_ENABLE_TIMING).
 	EnableTiming bool
@@ -86,6 +101,9 @@ type Options struct {
 	// Only for tests that show why the stash exists: freeing an input
 	// early then corrupts the op.
 	DisableStash bool
+	// HangWatchdogForTest makes the watchdog stop advancing (it blocks
+	// until Close), so that the heartbeat monitor fires. Only for tests.
+	HangWatchdogForTest bool
 }
 
 // DefaultOptions returns the defaults, without reading the environment.
@@ -95,6 +113,7 @@ func DefaultOptions() Options {
 		NonBlockingTimeout: 30 * time.Minute,
 		RanksPerRoot:       128,
 		WatchdogInterval:   100 * time.Millisecond,
+		AbortTimeout:       10 * time.Second,
 		CGAClusterSize:     -1,
 	}
 }
@@ -139,7 +158,7 @@ func envInt(name string, aliases ...string) (int, bool, error) {
 // GOCOLL_NCCL_HIGH_PRIORITY, GOCOLL_NCCL_BLOCKING_WAIT,
 // GOCOLL_NCCL_ASYNC_ERROR_HANDLING, GOCOLL_NCCL_ENABLE_TIMING,
 // GOCOLL_NCCL_USE_COMM_NONBLOCKING, GOCOLL_NCCL_NONBLOCKING_TIMEOUT,
-// GOCOLL_NCCL_RANKS_PER_ROOT; each also read as TORCH_NCCL_* (and
+// GOCOLL_NCCL_RANKS_PER_ROOT, GOCOLL_NCCL_NAN_CHECK; each also read as TORCH_NCCL_* (and
 // NCCL_BLOCKING_WAIT, NCCL_ASYNC_ERROR_HANDLING, PyTorch's legacy names).
 // Invalid values are errors.
 func OptionsFromEnv() (Options, error) {
@@ -178,6 +197,11 @@ func (o *Options) applyEnv() error {
 	} else if ok {
 		o.NonBlockingTimeout = time.Duration(v) * time.Second
 	}
+	if v, ok, err := envBool("NCCL_NAN_CHECK"); err != nil {
+		return err
+	} else if ok {
+		o.NaNCheck = v
+	}
 	if v, ok, err := envInt("NCCL_RANKS_PER_ROOT"); err != nil {
 		return err
 	} else if ok {
@@ -194,6 +218,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("nccl: RanksPerRoot must be positive, got %d", o.RanksPerRoot)
 	case o.WatchdogInterval <= 0:
 		return fmt.Errorf("nccl: WatchdogInterval must be positive, got %v", o.WatchdogInterval)
+	case o.AbortTimeout <= 0:
+		return fmt.Errorf("nccl: AbortTimeout must be positive, got %v", o.AbortTimeout)
 	case o.NonBlockingTimeout <= 0:
 		return fmt.Errorf("nccl: NonBlockingTimeout must be positive, got %v", o.NonBlockingTimeout)
 	case o.MinCTAs < 0 || o.MaxCTAs < 0 || (o.MaxCTAs > 0 && o.MinCTAs > o.MaxCTAs):

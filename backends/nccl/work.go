@@ -1,5 +1,10 @@
 package nccl
 
+/*
+#include "nccl_dl.h"
+*/
+import "C"
+
 import (
 	"context"
 	"fmt"
@@ -192,13 +197,66 @@ func (w *Work) Wait(ctx context.Context) error {
 		}
 	}
 	if w.b.opts.BlockingWait {
-		tctx, cancel := context.WithTimeout(context.Background(), w.timeout-time.Since(w.enq))
-		defer cancel()
-		if err := w.WaitHost(tctx); err != nil {
-			return err
-		}
+		return w.blockingWait(ctx)
 	}
 	return w.Exception()
+}
+
+// blockingWait is Wait in blocking-wait mode (PyTorch's
+// TORCH_NCCL_BLOCKING_WAIT): the host polls the end event and the
+// communicator's asynchronous error every millisecond against the op's
+// timeout, and the error comes back here, in the caller. A timeout or an
+// NCCL error aborts the group's communicators (in the background, bounded
+// by AbortTimeout), so that later ops
+// fail with ErrAborted keeping this error as the reason; the peers learn
+// of it through the store. ctx ending returns its error and changes
+// nothing.
+func (w *Work) blockingWait(ctx context.Context) error {
+	b := w.b
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for {
+		if w.poll() {
+			return w.Exception()
+		}
+		var failure *backend.OpError
+		if !w.c.aborted.Load() {
+			if st, err := w.c.asyncError(); err != nil || (st != 0 && st != ncclInProgress) {
+				if err == nil {
+					err = &Error{Call: "ncclCommGetAsyncError", Code: st, Detail: C.GoString(C.gn_last_error())}
+				}
+				kind := backend.ErrAborted
+				if st == ncclRemoteError {
+					kind = backend.ErrRemote
+				}
+				failure = &backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.rank, Backend: Name, Kind: kind, Err: err,
+					Detail: "NCCL reported an asynchronous error (blocking wait)"}
+				b.dumpAll(failure)
+			}
+		}
+		if failure == nil {
+			if d := time.Since(w.enq); d > w.timeout {
+				failure = w.timeoutError(fmt.Sprintf("blocking wait saw it still running %v after enqueue (group %s)", d.Round(time.Millisecond), b.cfg.GroupDesc))
+			}
+		}
+		if failure != nil {
+			w.fail(failure)
+			if !errorsIs(failure, backend.ErrRemote) {
+				b.publishRemoteError(failure)
+			}
+			var reason error = failure
+			b.abortErr.CompareAndSwap(nil, &reason)
+			// The caller gets the error now; the abort (bounded by
+			// AbortTimeout) goes on in the background.
+			go b.abortAll(context.Background(), failure)
+			return w.Exception()
+		}
+		select {
+		case <-ctx.Done():
+			return w.opErr(backend.ErrTimeout, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 func (w *Work) opErr(kind error, err error) error {
