@@ -196,3 +196,9 @@ func pinnedF32(h *cuda.HostBuffer, i int) float64 {
 	t, _ := tensor.FromBytes(tensor.Float32, h.Bytes()[4*i:4*i+4], 1)
 	return t.At(0)
 }
+
+func cudaFromHost(e *rankEnv, h *tensor.Tensor) (*tensor.Tensor, error) {
+	return cuda.FromHost(e.ctx, e.r, h)
+}
+
+func getenv(k string) string { return os.Getenv(k) }
