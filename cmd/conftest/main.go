@@ -45,6 +45,8 @@ func main() {
 		err = bench(args)
 	case "bench-rank":
 		err = benchRank(args)
+	case "fr":
+		code, err = fr(args) // fr.go: conftest fr analyze DIR
 	case "help":
 		usage()
 	default:
