@@ -269,3 +269,86 @@ func TestMismatchedSizes(t *testing.T) {
 		})
 	}
 }
+
+func TestTransportOption(t *testing.T) {
+	st := store.NewHashStore()
+	_, err := cpupool.New(context.Background(), backend.Config{Store: st, Rank: 0, WorldSize: 1, Options: &cpupool.Options{Transport: "carrier-pigeon"}})
+	if !errors.Is(err, backend.ErrInvalidArgument) {
+		t.Fatalf("want ErrInvalidArgument, got %v", err)
+	}
+	for _, tr := range []string{"tcp", "shm"} {
+		bs := group(t, 2, &cpupool.Options{Transport: tr})
+		if got := bs[0].(*cpupool.Backend).Options().Transport; got != tr {
+			t.Fatalf("transport %q in effect, want %q", got, tr)
+		}
+		each(t, bs, func(r int, b backend.Backend) error {
+			x := tensor.New(tensor.Float32, 1<<18) // the ring path
+			x.Fill(1)
+			w, err := b.Allreduce(context.Background(), backend.Meta{}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+			if err != nil {
+				return err
+			}
+			if err := w.Wait(context.Background()); err != nil {
+				return err
+			}
+			if got, _ := tensor.ToSlice[float32](x); got[0] != 2 || got[len(got)-1] != 2 {
+				return fmt.Errorf("%s: %v", tr, got[:2])
+			}
+			return nil
+		})
+	}
+}
+
+// BenchmarkAllreduce runs allreduce + Wait on two ranks of this process
+// (so the two share GOMAXPROCS, unlike conftest bench's processes).
+func BenchmarkAllreduce(b *testing.B) {
+	for _, tr := range []string{"tcp", "shm"} {
+		for _, n := range []int{2, 1 << 18} {
+			b.Run(fmt.Sprintf("%s/%dB", tr, 4*n), func(b *testing.B) {
+				t := &testing.T{}
+				bs := group(t, 2, &cpupool.Options{Transport: tr})
+				defer func() {
+					for _, x := range bs {
+						_ = x.Close(context.Background())
+					}
+				}()
+				ctx := context.Background()
+				xs := []*tensor.Tensor{tensor.New(tensor.Float32, n), tensor.New(tensor.Float32, n)}
+				iters := make(chan int)
+				done := make(chan error)
+				go func() {
+					for k := range iters {
+						var err error
+						for range k {
+							var w backend.Work
+							if w, err = bs[1].Allreduce(ctx, backend.Meta{}, xs[1:], backend.AllreduceOptions{}); err == nil {
+								err = w.Wait(ctx)
+							}
+							if err != nil {
+								break
+							}
+						}
+						done <- err
+					}
+				}()
+				b.SetBytes(int64(4 * n))
+				b.ReportAllocs()
+				b.ResetTimer()
+				iters <- b.N
+				for range b.N {
+					w, err := bs[0].Allreduce(ctx, backend.Meta{}, xs[:1], backend.AllreduceOptions{})
+					if err == nil {
+						err = w.Wait(ctx)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := <-done; err != nil {
+					b.Fatal(err)
+				}
+				close(iters)
+			})
+		}
+	}
+}
