@@ -532,3 +532,14 @@ func TestAbortKeepsTheReason(t *testing.T) {
 		t.Fatalf("the other rank's group was touched: %v", err)
 	}
 }
+
+func TestFailedBackendIsNeverClosed(t *testing.T) {
+	pg := initRanks(t, 1, "cpu:reccpu,cuda:typednil", &callLog{})[0]
+	ctx := context.Background()
+	if err := pg.Abort(ctx, errors.New("stop")); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Close(ctx); err != nil { // would panic on the nil *recorder
+		t.Fatal(err)
+	}
+}

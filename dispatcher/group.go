@@ -207,6 +207,9 @@ func (pg *ProcessGroup) build(ctx context.Context, parent *ProcessGroup) error {
 		}
 		b, err := drv.New(ctx, bcfg)
 		if err != nil {
+			// A factory may return a typed nil with its error; keep no
+			// backend, so that Close and Abort skip it.
+			b = nil
 			err = fmt.Errorf("dispatcher: group %s: backend %q for %s: %w", pg.desc, name, dt, err)
 			if bcfg.Device != nil {
 				pg.closeBackends(ctx)

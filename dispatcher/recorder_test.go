@@ -115,3 +115,12 @@ type fakeMem struct{ n int }
 func (m fakeMem) Ptr() uintptr { return 0x1000 }
 func (m fakeMem) Len() int     { return m.n }
 func (m fakeMem) Free() error  { return nil }
+
+// typedNil registers a driver that fails the way a careless factory does:
+// a nil *recorder in a non-nil interface, with an error.
+func init() {
+	backend.Register(backend.Driver{Name: "typednil", Devices: []tensor.DeviceType{tensor.CUDA}, New: func(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+		var r *recorder
+		return r, backend.Errorf(backend.ErrUnavailable, "init", "no device")
+	}})
+}
