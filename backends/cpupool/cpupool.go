@@ -98,9 +98,10 @@ type Options struct {
 	// pair (a power of two; default 4 MiB).
 	ShmRingBytes int
 	// PollSpin is how long a receive from a shared-memory peer, and a Wait
-	// on a work, poll before they park (default 50 µs; negative: never).
-	// Polling trades a little CPU for the goroutine wake-ups that dominate
-	// small-message latency.
+	// on a work, poll before they park (negative: never). Polling trades a
+	// little CPU for the goroutine wake-ups that dominate small-message
+	// latency. Default: 50 µs, or never when more ranks share this host
+	// than it has CPUs (a spinning rank would take a peer's core).
 	PollSpin time.Duration
 }
 
@@ -118,6 +119,7 @@ type Backend struct {
 	comm *coll.Comm
 	pool coll.Pool
 
+	spin   time.Duration // the mesh's PollSpin in effect
 	issued atomic.Uint64 // collectives issued; the next one's tag is issued+1
 	q      queue
 	wg     sync.WaitGroup
@@ -149,8 +151,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		return nil, err
 	}
 	b := &Backend{cfg: cfg, opts: opts}
-	lazy := 4 * opts.PollSpin // < 0 when polling is off: no deferred wake-ups either
-	b.q.init(lazy)
+	b.q.init(lazyWake)
 	mesh, err := tcpmesh.Connect(ctx, tcpmesh.Config{
 		Rank: cfg.Rank, Size: cfg.WorldSize, Store: cfg.Store, Host: opts.Host,
 		ConnectTimeout: opts.ConnectTimeout, MaxMessage: opts.MaxMessageBytes, Pool: &b.pool,
@@ -162,6 +163,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		return nil, &backend.OpError{Op: "init", Rank: cfg.Rank, Backend: Name, Kind: backend.ErrUnavailable, Err: err}
 	}
 	b.mesh = mesh
+	b.spin = mesh.PollSpin()
 	b.comm = &coll.Comm{T: mesh, Pool: &b.pool, Segment: opts.SegmentBytes, Window: opts.Window, Small: opts.SmallBytes}
 	for range opts.Threads {
 		b.wg.Add(1)
@@ -206,9 +208,7 @@ func (o *Options) fill(cfg backend.Config) error {
 	if o.ShmRingBytes < 0 || o.ShmRingBytes&(o.ShmRingBytes-1) != 0 {
 		return fmt.Errorf("%w: cpupool: ShmRingBytes %d is not a power of two", backend.ErrInvalidArgument, o.ShmRingBytes)
 	}
-	if o.PollSpin == 0 {
-		o.PollSpin = 50 * time.Microsecond
-	}
+
 	if o.Threads < 0 || o.SegmentBytes < 0 || o.SmallBytes < 0 || o.Window < 0 || o.MaxMessageBytes < 0 || o.ConnectTimeout < 0 || o.SocketBufferBytes < 0 {
 		return fmt.Errorf("%w: cpupool: negative option in %+v", backend.ErrInvalidArgument, *o)
 	}
@@ -343,6 +343,10 @@ func (b *Backend) shutdown(err error) {
 	_ = b.mesh.Close()
 	b.wg.Wait()
 }
+
+// lazyWake is how long a job pushed onto an empty queue waits for its
+// caller to run it (work.Wait) before a worker is woken for it.
+const lazyWake = 200 * time.Microsecond
 
 // queue is the unbounded FIFO of collectives waiting for a worker; 1000
 // ops in flight must not block the caller.
@@ -606,12 +610,12 @@ func (b *Backend) help(j *job) {
 		b.runJob(j)
 		return
 	}
-	if b.opts.PollSpin < 0 {
+	if b.spin < 0 {
 		return
 	}
 	start := time.Now()
 	for i := 0; !j.w.IsCompleted(); i++ {
-		if i&15 == 15 && time.Since(start) > b.opts.PollSpin {
+		if i&15 == 15 && time.Since(start) > b.spin {
 			return
 		}
 		runtime.Gosched()

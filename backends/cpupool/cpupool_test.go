@@ -352,3 +352,42 @@ func BenchmarkAllreduce(b *testing.B) {
 		}
 	}
 }
+
+// TestRingDTypes runs the ring allreduce (the receive combines in place,
+// straight out of shared memory) on element sizes 1, 2 and 8 with odd
+// lengths and small segments, so that segments, frames and padding fall
+// at every alignment.
+func TestRingDTypes(t *testing.T) {
+	ctx := context.Background()
+	for _, tr := range []string{"shm", "tcp"} {
+		bs := group(t, 3, &cpupool.Options{Transport: tr, SmallBytes: 64, SegmentBytes: 4096, ShmRingBytes: 1 << 14})
+		for _, dt := range []tensor.DType{tensor.Int8, tensor.Float16, tensor.Float64} {
+			each(t, bs, func(r int, b backend.Backend) error {
+				const n = 30001
+				vals := make([]float64, n)
+				for i := range vals {
+					vals[i] = float64((i + r) % 5)
+				}
+				x, err := tensor.FromFloat64s(dt, vals)
+				if err != nil {
+					return err
+				}
+				w, err := b.Allreduce(ctx, backend.Meta{}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(ctx); err != nil {
+					return err
+				}
+				got, _ := x.Float64s()
+				for i, v := range got {
+					want := float64(i%5 + (i+1)%5 + (i+2)%5)
+					if v != want {
+						return fmt.Errorf("%s %v rank %d: element %d = %v, want %v", tr, dt, r, i, v, want)
+					}
+				}
+				return nil
+			})
+		}
+	}
+}

@@ -294,7 +294,9 @@ func ring(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, a int, k *r
 	}
 	w := c.window()
 	var slots []byte
-	if k != nil {
+	rr, direct := t.(ReduceReceiver)
+	direct = direct && k != nil
+	if k != nil && !direct {
 		slots = c.get(w * seg)
 		defer c.put(slots)
 	}
@@ -313,14 +315,15 @@ func ring(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, a int, k *r
 	post := func() {
 		for posted < len(recvs) && (k == nil || posted-done < w) {
 			it := recvs[posted]
-			var dst []byte
-			if k != nil {
+			switch {
+			case direct: // combined into the block as it arrives
+				pending.push(rr.IrecvReduce(left, tag, blocks[it.blk][it.off:it.off+it.len], k.ElemSize, k.Combine))
+			case k != nil:
 				slot := posted % w
-				dst = slots[slot*seg : slot*seg+it.len]
-			} else {
-				dst = blocks[it.blk][it.off : it.off+it.len]
+				pending.push(t.Irecv(left, tag, slots[slot*seg:slot*seg+it.len]))
+			default:
+				pending.push(t.Irecv(left, tag, blocks[it.blk][it.off:it.off+it.len]))
 			}
-			pending.push(t.Irecv(left, tag, dst))
 			posted++
 		}
 	}
@@ -342,7 +345,7 @@ func ring(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, a int, k *r
 			if err := pending.wait(ctx); err != nil {
 				return err
 			}
-			if k != nil {
+			if k != nil && !direct {
 				it := recvs[done]
 				slot := done % w
 				k.Combine(blocks[it.blk][it.off:it.off+it.len], slots[slot*seg:slot*seg+it.len])

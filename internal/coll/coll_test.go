@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -27,7 +28,8 @@ func meshes(t *testing.T, n int) []*tcpmesh.Mesh {
 	var wg sync.WaitGroup
 	for r := range n {
 		wg.Go(func() {
-			out[r], errs[r] = tcpmesh.Connect(context.Background(), tcpmesh.Config{Rank: r, Size: n, Store: st, ConnectTimeout: 10 * time.Second})
+			// GOCOLL_TEST_TRANSPORT=tcp runs the algorithms over TCP only.
+			out[r], errs[r] = tcpmesh.Connect(context.Background(), tcpmesh.Config{Rank: r, Size: n, Store: st, ConnectTimeout: 10 * time.Second, Transport: os.Getenv("GOCOLL_TEST_TRANSPORT")})
 		})
 	}
 	wg.Wait()

@@ -41,6 +41,16 @@ type Transport interface {
 	Irecv(peer int, tag uint64, buf []byte) Request
 }
 
+// ReduceReceiver is a Transport that can reduce a message into a buffer
+// as it arrives, instead of receiving it into scratch space that the
+// algorithm then combines: from shared memory this saves the receive copy.
+type ReduceReceiver interface {
+	// IrecvReduce is Irecv, except that the message is combined into buf
+	// (combine(dst, src) sets dst = dst op src) rather than copied, in
+	// pieces of whole elements of elem bytes.
+	IrecvReduce(peer int, tag uint64, buf []byte, elem int, combine func(dst, src []byte)) Request
+}
+
 // Request is a posted receive.
 type Request interface {
 	// Wait blocks until the message has filled the buffer, the transport

@@ -143,7 +143,7 @@ func Create(prefix string, ringBytes int) (*Pair, string, error) {
 		_ = os.Remove(path)
 		return nil, "", fmt.Errorf("shm: reserving %d bytes in %s: %w", total, Dir, err)
 	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, total, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := syscall.Mmap(int(f.Fd()), 0, total, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE)
 	if err != nil {
 		_ = os.Remove(path)
 		return nil, "", fmt.Errorf("shm: mmap: %w", err)
@@ -168,7 +168,7 @@ func Open(path string) (*Pair, error) {
 	if st.Size() < headerSize {
 		return nil, fmt.Errorf("shm: %s is %d bytes, too small", path, st.Size())
 	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("shm: mmap: %w", err)
 	}
@@ -258,15 +258,21 @@ func (r *Ring) kick() {
 	futexWake(r.spaceSeq)
 }
 
+// Cap is the ring's capacity in bytes.
+func (r *Ring) Cap() int { return int(r.size) }
+
 // Buffered is how many bytes wait to be read.
 func (r *Ring) Buffered() int { return int(r.tail.Load() - r.head.Load()) }
 
 // Write copies a then b into the ring as one contiguous run of bytes,
-// waiting for space as needed, and returns once both are in (the buffers
-// may be reused). A run that fits is made visible at once, so the reader
-// never sees a header without its small payload.
-func (r *Ring) Write(ctx context.Context, a, b []byte) error {
-	if n := uint64(len(a) + len(b)); n <= r.size {
+// followed by pad bytes of padding (left as they are), waiting for space
+// as needed, and returns once all is in (the buffers may be reused). A run
+// that fits is made visible at once, so the reader never sees a header
+// without its small payload. Padding lets the caller keep every run at an
+// aligned offset of the ring, so that a reader may use the bytes in place
+// (NextUnits).
+func (r *Ring) Write(ctx context.Context, a, b []byte, pad int) error {
+	if n := uint64(len(a) + len(b) + pad); n <= r.size {
 		t := r.tail.Load()
 		if r.size-(t-r.head.Load()) < n {
 			if err := r.waitSpace(ctx, n); err != nil {
@@ -278,22 +284,77 @@ func (r *Ring) Write(ctx context.Context, a, b []byte) error {
 		r.publish(t + n)
 		return nil
 	}
-	for _, p := range [2][]byte{a, b} {
-		for len(p) > 0 {
+	for i, p := range [3][]byte{a, b, nil} {
+		left := uint64(len(p))
+		if i == 2 {
+			left = uint64(pad)
+		}
+		for left > 0 {
 			t := r.tail.Load()
 			free := r.size - (t - r.head.Load())
 			if free == 0 {
-				if err := r.waitSpace(ctx, min(uint64(len(p)), r.size/4)); err != nil {
+				if err := r.waitSpace(ctx, min(left, r.size/4)); err != nil {
 					return err
 				}
 				continue
 			}
-			n := min(free, uint64(len(p)), publishChunk)
-			r.copyIn(t, p[:n])
+			n := min(free, left, publishChunk)
+			if i < 2 {
+				r.copyIn(t, p[:n])
+				p = p[n:]
+			}
 			r.publish(t + n)
-			p = p[n:]
+			left -= n
 		}
 	}
+	return nil
+}
+
+// NextUnits waits until at least unit bytes (or max, if smaller) can be
+// read and returns, without consuming them, the longest run of whole units
+// that lies contiguously in the ring, at most max bytes: a view of the
+// shared memory, valid until Consume. The caller keeps runs aligned so
+// that a unit never straddles the ring's end (Write's pad).
+func (r *Ring) NextUnits(max, unit int) ([]byte, error) {
+	need := uint64(min(unit, max))
+	for {
+		h := r.head.Load()
+		avail := r.tail.Load() - h
+		if avail < need {
+			if err := r.wait(false, need); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		off := h & r.mask
+		c := min(avail, uint64(max), r.size-off)
+		if c >= uint64(unit) {
+			c -= c % uint64(unit)
+		}
+		return r.data[off : off+c], nil
+	}
+}
+
+// Consume releases n bytes that NextUnits returned.
+func (r *Ring) Consume(n int) {
+	r.head.Store(r.head.Load() + uint64(n))
+	if r.prodWait.Load() != 0 {
+		r.spaceSeq.Add(1)
+		futexWake(r.spaceSeq)
+	}
+}
+
+// Skip consumes n bytes (padding) unread, waiting for them as needed.
+func (r *Ring) Skip(n int) error {
+	if n == 0 {
+		return nil
+	}
+	if r.tail.Load()-r.head.Load() < uint64(n) {
+		if err := r.wait(false, uint64(n)); err != nil {
+			return err
+		}
+	}
+	r.Consume(n)
 	return nil
 }
 
@@ -389,7 +450,9 @@ func (r *Ring) Read(p []byte) (int, error) {
 	h := r.head.Load()
 	avail := r.tail.Load() - h
 	if avail == 0 {
-		if err := r.WaitData(); err != nil {
+		// The reader is inside a frame: it waits for the rest itself,
+		// pollers or not.
+		if err := r.wait(false, 1); err != nil {
 			return 0, err
 		}
 		avail = r.tail.Load() - h
@@ -411,28 +474,34 @@ func (r *Ring) Read(p []byte) (int, error) {
 // empty (bytes written before the peer died are still read first). While
 // pollers are active (BeginPoll) it leaves the bytes to them and sleeps,
 // until a poller or a timeout wakes it.
-func (r *Ring) WaitData() error {
-	woke := false
+func (r *Ring) WaitData() error { return r.wait(true, 1) }
+
+// wait waits until need bytes are buffered; see WaitData.
+func (r *Ring) wait(deferToPollers bool, need uint64) error {
+	woke := !deferToPollers
 	for i := 0; ; i++ {
 		// dead is loaded before the emptiness check: bytes the peer wrote
 		// before it died are visible once its death is.
 		dead := r.dead.Load()
-		if r.tail.Load() != r.head.Load() && (woke || r.polling.Load() == 0) {
+		if r.tail.Load()-r.head.Load() >= need && (woke || r.polling.Load() == 0) {
 			return nil
 		}
 		if r.closed.Load() {
 			return ErrClosed
 		}
-		if dead && r.tail.Load() == r.head.Load() {
+		if dead && r.tail.Load()-r.head.Load() < need {
 			return ErrPeerDead
 		}
-		if i < r.Spin && r.polling.Load() == 0 {
+		if i < r.Spin && (!deferToPollers || r.polling.Load() == 0) {
 			runtime.Gosched()
 			continue
 		}
 		r.consWait.Store(1)
 		seq := r.dataSeq.Load()
-		if (r.tail.Load() == r.head.Load() || r.polling.Load() != 0) && !r.closed.Load() && !r.dead.Load() {
+		// Sleep while empty, or while pollers own the bytes. Announcing
+		// before checking (seq-cst) pairs with publish and EndPoll, which
+		// change the state before they look at consWait.
+		if (r.tail.Load()-r.head.Load() < need || (!woke && r.polling.Load() != 0)) && !r.closed.Load() && !r.dead.Load() {
 			futexWait(r.dataSeq, seq, sleepSlice)
 			woke = true
 		}

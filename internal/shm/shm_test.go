@@ -45,7 +45,7 @@ func TestStream(t *testing.T) {
 					p[j] = byte(i + j)
 				}
 				h := []byte{byte(i), byte(len(p)), byte(len(p) >> 8)}
-				if err := w.Out.Write(ctx, h, p); err != nil {
+				if err := w.Out.Write(ctx, h, p, 0); err != nil {
 					panic(err)
 				}
 			}
@@ -77,7 +77,7 @@ func TestStream(t *testing.T) {
 // then reads fail; Close unblocks a sleeping reader.
 func TestDeadAndClosed(t *testing.T) {
 	a, b := pair(t, 1<<12)
-	if err := a.Out.Write(context.Background(), []byte("hi"), nil); err != nil {
+	if err := a.Out.Write(context.Background(), []byte("hi"), nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	b.MarkDead()
@@ -113,7 +113,7 @@ func BenchmarkPingPong8(b *testing.B) {
 			if _, err := io.ReadFull(y.In, buf[:]); err != nil {
 				return
 			}
-			if err := y.Out.Write(ctx, buf[:], nil); err != nil {
+			if err := y.Out.Write(ctx, buf[:], nil, 0); err != nil {
 				return
 			}
 		}
@@ -121,7 +121,7 @@ func BenchmarkPingPong8(b *testing.B) {
 	var buf [8]byte
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := x.Out.Write(ctx, buf[:], nil); err != nil {
+		if err := x.Out.Write(ctx, buf[:], nil, 0); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := io.ReadFull(x.In, buf[:]); err != nil {

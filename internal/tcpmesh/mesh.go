@@ -164,7 +164,9 @@ type Config struct {
 	// pair (a power of two; default 4 MiB).
 	ShmRingBytes int
 	// PollSpin is how long a receive waiting on a shared-memory peer polls
-	// the ring itself before it parks (default 50 µs; negative: never).
+	// the ring itself before it parks (negative: never). The default is
+	// 50 µs, or never when more ranks share this host than it has CPUs:
+	// there, a rank that spins takes the core a peer needs to make progress.
 	PollSpin time.Duration
 }
 
@@ -218,10 +220,11 @@ type peer struct {
 	// reads frames; bye, rdone and unmapped are guarded by it (unmapped
 	// also by wmu, for the writers).
 	pair     *shm.Pair
+	mapMu    sync.RWMutex // read-held by polling receives; Close takes it before unmapping
 	rmu      sync.Mutex
 	bye      bool
 	rdone    bool
-	unmapped bool
+	unmapped bool // set under mapMu, wmu and rmu: any of them suffices to read it
 
 	rhdr [hdrLen]byte // the reader's header buffer (a field: no allocation per frame)
 	phdr [hdrLen]byte // poll's peeked header
@@ -261,9 +264,6 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 	if cfg.ShmRingBytes&(cfg.ShmRingBytes-1) != 0 {
 		return nil, fmt.Errorf("tcpmesh: ShmRingBytes %d is not a power of two", cfg.ShmRingBytes)
 	}
-	if cfg.PollSpin == 0 {
-		cfg.PollSpin = 50 * time.Microsecond
-	}
 	m := &Mesh{
 		cfg: cfg, rank: cfg.Rank, size: cfg.Size, pool: cfg.Pool,
 		peers:      make([]*peer, cfg.Size),
@@ -299,11 +299,27 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 		}
 		return nil, err
 	}
+	local := 1
+	for _, p := range m.peers {
+		if p != nil && p.pair != nil {
+			local++
+		}
+	}
+	oversubscribed := local > runtime.NumCPU()
+	if m.cfg.PollSpin == 0 {
+		m.cfg.PollSpin = 50 * time.Microsecond
+		if oversubscribed {
+			m.cfg.PollSpin = -1
+		}
+	}
 	for _, p := range m.peers {
 		if p == nil {
 			continue
 		}
 		if p.pair != nil {
+			if oversubscribed {
+				p.pair.In.Spin, p.pair.Out.Spin = 0, 0 // sleep at once: yield the core
+			}
 			m.readers.Add(2)
 			go m.shmReadLoop(p)
 			go m.watch(p)
@@ -314,6 +330,10 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 	}
 	return m, nil
 }
+
+// PollSpin is the polling time in effect (Config.PollSpin, default filled
+// in); negative means receives park at once.
+func (m *Mesh) PollSpin() time.Duration { return m.cfg.PollSpin }
 
 // UsesShm reports whether frames to and from peer go through shared memory.
 func (m *Mesh) UsesShm(peer int) bool {
@@ -690,7 +710,7 @@ func (m *Mesh) writeShm(ctx context.Context, p *peer, kind byte, tag uint64, buf
 	binary.LittleEndian.PutUint32(h[4:], uint32(m.rank))
 	binary.LittleEndian.PutUint64(h[8:], tag)
 	binary.LittleEndian.PutUint64(h[16:], uint64(len(buf)))
-	if err := p.pair.Out.Write(ctx, h, buf); err != nil {
+	if err := p.pair.Out.Write(ctx, h, buf, framePad(len(buf))); err != nil {
 		if errors.Is(err, shm.ErrClosed) {
 			return m.errOr(ErrClosed)
 		}
@@ -705,6 +725,12 @@ func (m *Mesh) writeShm(ctx context.Context, p *peer, kind byte, tag uint64, buf
 	}
 	return nil
 }
+
+// framePad is the padding after a payload of n bytes in a shared ring: it
+// keeps every frame, and so every payload (after the 24-byte header), at a
+// multiple of 8 bytes in the ring, so an element never straddles the
+// ring's end and combining in place sees aligned elements.
+func framePad(n int) int { return -n & 7 }
 
 // errOr returns the error that broke the mesh, or err.
 func (m *Mesh) errOr(err error) error {
@@ -829,11 +855,11 @@ func (m *Mesh) poll(p *peer) {
 		if !in.Peek(h) {
 			break
 		}
-		need := hdrLen + int(binary.LittleEndian.Uint64(h[16:]))
-		if h[0] != kindData && h[0] != kindProbeReply {
-			need = hdrLen
+		n := binary.LittleEndian.Uint64(h[16:])
+		if n > uint64(in.Cap()) {
+			break // larger than the ring: only a reader that may wait can take it
 		}
-		if in.Buffered() < need {
+		if in.Buffered() < hdrLen+int(n)+framePad(int(n)) {
 			break
 		}
 		if err := m.readFrame(p); err != nil {
@@ -857,6 +883,17 @@ func (m *Mesh) readFrame(p *peer) error {
 	if src != p.rank {
 		return fmt.Errorf("frame claims source %d", src)
 	}
+	if p.pair != nil {
+		if err := m.handleFrame(p, kind, tag, n); err != nil {
+			return err
+		}
+		return p.pair.In.Skip(framePad(int(n)))
+	}
+	return m.handleFrame(p, kind, tag, n)
+}
+
+// handleFrame handles one frame whose header has been read.
+func (m *Mesh) handleFrame(p *peer, kind byte, tag, n uint64) error {
 	switch kind {
 	case kindData:
 		return m.deliver(p, tag, n)
@@ -932,7 +969,13 @@ func (m *Mesh) deliver(p *peer, tag uint64, n uint64) error {
 			r.complete(&SizeError{Rank: p.rank, Tag: tag, Got: int(n), Want: len(r.buf)})
 			return nil
 		}
-		if _, err := io.ReadFull(p.r, r.buf); err != nil {
+		var err error
+		if r.combine != nil {
+			err = m.readCombine(p, r)
+		} else {
+			_, err = io.ReadFull(p.r, r.buf)
+		}
+		if err != nil {
 			r.complete(&PeerError{Rank: p.rank, Err: err})
 			return err
 		}
@@ -972,6 +1015,37 @@ func (m *Mesh) deliver(p *peer, tag uint64, n uint64) error {
 	return rerr
 }
 
+// readCombine reads r's payload and combines it into r.buf: straight out
+// of the shared ring (no receive copy), or through a pooled piece of
+// scratch for a TCP peer (so the reader goroutine, not the op's, reduces).
+func (m *Mesh) readCombine(p *peer, r *Req) error {
+	if p.pair != nil {
+		in := p.pair.In
+		for off := 0; off < len(r.buf); {
+			src, err := in.NextUnits(len(r.buf)-off, r.elem)
+			if err != nil {
+				return err
+			}
+			r.combine(r.buf[off:off+len(src)], src)
+			in.Consume(len(src))
+			off += len(src)
+		}
+		return nil
+	}
+	piece := min(len(r.buf), 64<<10)
+	piece -= piece % r.elem
+	tmp := m.pool.Get(piece)
+	defer m.pool.Put(tmp)
+	for off := 0; off < len(r.buf); off += piece {
+		b := tmp[:min(piece, len(r.buf)-off)]
+		if _, err := io.ReadFull(p.r, b); err != nil {
+			return err
+		}
+		r.combine(r.buf[off:off+len(b)], b)
+	}
+	return nil
+}
+
 // fill completes r from an unexpected message that left the queue.
 func (m *Mesh) fill(r *Req, mg *msg) {
 	var err error
@@ -981,7 +1055,11 @@ func (m *Mesh) fill(r *Req, mg *msg) {
 	case len(mg.buf) != len(r.buf):
 		err = &SizeError{Rank: mg.src, Tag: mg.tag, Got: len(mg.buf), Want: len(r.buf)}
 	default:
-		copy(r.buf, mg.buf)
+		if r.combine != nil {
+			r.combine(r.buf, mg.buf)
+		} else {
+			copy(r.buf, mg.buf)
+		}
 	}
 	r.src = mg.src
 	m.pool.Put(mg.buf)
@@ -992,18 +1070,32 @@ func (m *Mesh) fill(r *Req, mg *msg) {
 
 // Irecv implements coll.Transport.
 func (m *Mesh) Irecv(peer int, tag uint64, buf []byte) coll.Request {
-	return m.irecv(peer, tag, buf)
+	return m.irecv(peer, tag, buf, 0, nil)
+}
+
+// IrecvReduce implements coll.ReduceReceiver: the message is combined
+// into buf as it is read (from shared memory without a receive copy).
+func (m *Mesh) IrecvReduce(peer int, tag uint64, buf []byte, elem int, combine func(dst, src []byte)) coll.Request {
+	if elem < 1 || len(buf)%elem != 0 {
+		r := m.reqPool.Get().(*Req)
+		r.peer, r.tag, r.buf, r.src, r.err, r.next = peer, tag, buf, peer, nil, nil
+		r.state = stateClaimed
+		r.complete(fmt.Errorf("tcpmesh: reduce-receive of %d bytes in elements of %d", len(buf), elem))
+		return r
+	}
+	return m.irecv(peer, tag, buf, elem, combine)
 }
 
 // IrecvAny posts a receive from whichever rank sends first under tag. The
 // returned request's Source names that rank after Wait.
 func (m *Mesh) IrecvAny(tag uint64, buf []byte) *Req {
-	return m.irecv(-1, tag, buf)
+	return m.irecv(-1, tag, buf, 0, nil)
 }
 
-func (m *Mesh) irecv(peer int, tag uint64, buf []byte) *Req {
+func (m *Mesh) irecv(peer int, tag uint64, buf []byte, elem int, combine func(dst, src []byte)) *Req {
 	r := m.reqPool.Get().(*Req)
 	r.peer, r.tag, r.buf, r.src, r.err, r.next = peer, tag, buf, peer, nil, nil
+	r.elem, r.combine = elem, combine
 	m.mu.Lock()
 	if peer == m.rank || peer >= m.size || peer < -1 {
 		m.mu.Unlock()
@@ -1222,6 +1314,7 @@ func (m *Mesh) Close() error {
 		}
 		// Unmap only once no writer and no polling receive can touch the
 		// rings: both roles are taken, and later ones see unmapped.
+		p.mapMu.Lock()
 		p.wmu.Lock()
 		p.rmu.Lock()
 		if !p.unmapped {
@@ -1230,6 +1323,7 @@ func (m *Mesh) Close() error {
 		}
 		p.rmu.Unlock()
 		p.wmu.Unlock()
+		p.mapMu.Unlock()
 	}
 	return nil
 }
@@ -1252,6 +1346,10 @@ type Req struct {
 	err   error
 	done  chan struct{}
 	next  *Req
+	// combine, when set, reduces the message into buf instead of copying
+	// it (IrecvReduce); elem is the element size it works in.
+	combine func(dst, src []byte)
+	elem    int
 }
 
 func (r *Req) complete(err error) {
@@ -1295,6 +1393,11 @@ func (r *Req) spin() bool {
 		return false
 	}
 	p := m.peers[r.peer]
+	p.mapMu.RLock()
+	defer p.mapMu.RUnlock()
+	if p.unmapped {
+		return false
+	}
 	p.pair.In.BeginPoll()
 	defer p.pair.In.EndPoll()
 	var start time.Time
@@ -1372,7 +1475,7 @@ func (r *Req) release() error {
 }
 
 func (r *Req) reset() *Req {
-	r.buf, r.err, r.next, r.state = nil, nil, nil, 0
+	r.buf, r.err, r.next, r.state, r.combine = nil, nil, nil, 0, nil
 	return r
 }
 
