@@ -232,6 +232,15 @@ type srvConn struct {
 
 	writeMu sync.Mutex
 
+	// Scratch buffers of the connection's goroutine, reused by every
+	// request: key bytes (kbuf, with the end offsets koff and views kviews
+	// of a multi-key request), a value (vbuf) and a decimal (num).
+	kbuf   []byte
+	koff   []int
+	kviews [][]byte
+	vbuf   []byte
+	num    [24]byte
+
 	// guarded by st.mu
 	waits []*waitReq
 	dead  bool
@@ -241,7 +250,11 @@ func (s *TCPServer) newConn(nc net.Conn, w io.Writer) *srvConn {
 	c := &srvConn{s: s, st: s.st, nc: nc, w: w, remote: "local"}
 	if nc != nil {
 		c.remote = nc.RemoteAddr().String()
-		c.br = bufio.NewReaderSize(nc, 16<<10)
+		var src io.Reader = nc
+		if rd, wr := newRawIO(nc); rd != nil && w == nc {
+			src, c.w = rd, wr
+		}
+		c.br = bufio.NewReaderSize(src, 16<<10)
 	}
 	c.rd.r = c.br
 	return c
@@ -298,6 +311,9 @@ func (c *srvConn) serveStream() error {
 		if err := c.handleOne(); err != nil {
 			return err
 		}
+		c.trimScratch()
+		// Replies are batched: the ones of pipelined requests leave in one
+		// write, once the requests already received are all handled.
 		if c.br.Buffered() == 0 {
 			if err := c.flush(); err != nil {
 				return err
@@ -358,32 +374,75 @@ func (c *srvConn) wakeFlush() {
 	}()
 }
 
+// trimScratch drops scratch buffers that a large request grew, so that an
+// idle connection keeps only small ones.
+func (c *srvConn) trimScratch() {
+	const keep = 64 << 10
+	if cap(c.kbuf) > keep {
+		c.kbuf = nil
+	}
+	if cap(c.vbuf) > keep {
+		c.vbuf = nil
+	}
+	if cap(c.koff) > keep/8 {
+		c.koff, c.kviews = nil, nil
+	}
+}
+
+// keyB reads a key into the connection's scratch buffer; the bytes are valid
+// until the next request.
+func (c *srvConn) keyB() ([]byte, error) {
+	b, err := c.rd.appendBytes(c.kbuf[:0], "key", c.s.opts.MaxKeyLen)
+	if err == nil {
+		c.kbuf = b
+	}
+	return b, err
+}
+
+// valueB reads a value into the connection's scratch buffer; the bytes are
+// valid until the next request, so a stored value must be copied.
+func (c *srvConn) valueB() ([]byte, error) {
+	b, err := c.rd.appendBytes(c.vbuf[:0], "value", c.s.opts.MaxValueLen)
+	if err == nil {
+		c.vbuf = b
+	}
+	return b, err
+}
+
+// keysB reads the keys of a multi-key request into scratch; the views are
+// valid until the next request.
+func (c *srvConn) keysB() ([][]byte, error) {
+	n, err := c.rd.count("key", c.s.opts.MaxKeysPerRequest)
+	if err != nil {
+		return nil, err
+	}
+	buf, offs := c.kbuf[:0], c.koff[:0]
+	total := 0
+	for range n {
+		start := len(buf)
+		if buf, err = c.rd.appendBytes(buf, "key", c.s.opts.MaxKeyLen); err != nil {
+			return nil, err
+		}
+		if total += len(buf) - start + 8; total > c.s.opts.MaxRequestBytes {
+			return nil, fmt.Errorf("%w: request of %d keys exceeds %d bytes", errMalformed, n, c.s.opts.MaxRequestBytes)
+		}
+		offs = append(offs, len(buf))
+	}
+	views, prev := c.kviews[:0], 0
+	for _, o := range offs {
+		views = append(views, buf[prev:o:o])
+		prev = o
+	}
+	c.kbuf, c.koff, c.kviews = buf, offs, views
+	return views, nil
+}
+
 func (c *srvConn) key() (string, error) {
 	b, err := c.rd.bytes("key", c.s.opts.MaxKeyLen)
 	return string(b), err
 }
 
 func (c *srvConn) value() ([]byte, error) { return c.rd.bytes("value", c.s.opts.MaxValueLen) }
-
-func (c *srvConn) keys() ([]string, error) {
-	n, err := c.rd.count("key", c.s.opts.MaxKeysPerRequest)
-	if err != nil {
-		return nil, err
-	}
-	keys := make([]string, 0, min(n, 1024))
-	total := 0
-	for range n {
-		k, err := c.key()
-		if err != nil {
-			return nil, err
-		}
-		if total += len(k) + 8; total > c.s.opts.MaxRequestBytes {
-			return nil, fmt.Errorf("%w: request of %d keys exceeds %d bytes", errMalformed, n, c.s.opts.MaxRequestBytes)
-		}
-		keys = append(keys, k)
-	}
-	return keys, nil
-}
 
 // handleOne reads and executes one request.
 func (c *srvConn) handleOne() error {
@@ -395,17 +454,17 @@ func (c *srvConn) handleOne() error {
 	st := c.st
 	switch o {
 	case opSet:
-		k, err := c.key()
+		k, err := c.keyB()
 		if err != nil {
 			return err
 		}
-		v, err := c.value()
+		v, err := c.valueB()
 		if err != nil {
 			return err
 		}
 		st.mu.Lock()
-		st.kv[k] = v
-		wake := st.wakeLocked(k, nil)
+		st.setLocked(k, v)
+		wake := st.wakeLockedB(k, nil)
 		st.mu.Unlock()
 		flushAll(wake)
 
@@ -441,20 +500,26 @@ func (c *srvConn) handleOne() error {
 		flushAll(wake)
 
 	case opGet:
-		k, err := c.key()
+		k, err := c.keyB()
 		if err != nil {
 			return err
 		}
 		st.mu.Lock()
-		v, ok := st.kv[k]
+		// Values may be overwritten in place (setLocked), so the reply is
+		// copied out under the lock.
+		v, ok := st.kv[string(k)]
+		if ok || c.dialect != DialectV1 {
+			c.outMu.Lock()
+			c.out = appendStr(c.out, v)
+			c.outMu.Unlock()
+		}
 		st.mu.Unlock()
 		if !ok && c.dialect == DialectV1 {
 			return fmt.Errorf("%w: GET of missing key %q (the 1.x server closes the connection)", errMalformed, k)
 		}
-		c.replyFn(func(b []byte) []byte { return appendStr(b, v) })
 
 	case opAdd:
-		k, err := c.key()
+		k, err := c.keyB()
 		if err != nil {
 			return err
 		}
@@ -464,21 +529,21 @@ func (c *srvConn) handleOne() error {
 		}
 		st.mu.Lock()
 		var cur int64
-		if v, ok := st.kv[k]; ok {
+		if v, ok := st.kv[string(k)]; ok {
 			if cur, err = parseStoll(v); err != nil {
 				st.mu.Unlock()
 				return fmt.Errorf("%w: ADD to key %q: %w", errMalformed, k, err)
 			}
 		}
 		cur += int64(d) //nolint:gosec // wraps like the C++ server
-		st.kv[k] = strconv.AppendInt(nil, cur, 10)
-		wake := st.wakeLocked(k, nil)
+		st.setLocked(k, strconv.AppendInt(c.num[:0], cur, 10))
+		wake := st.wakeLockedB(k, nil)
 		c.replyFn(func(b []byte) []byte { return appendI64(b, cur) })
 		st.mu.Unlock()
 		flushAll(wake)
 
 	case opCheck:
-		keys, err := c.keys()
+		keys, err := c.keysB()
 		if err != nil {
 			return err
 		}
@@ -494,20 +559,24 @@ func (c *srvConn) handleOne() error {
 		c.reply(r)
 
 	case opWait:
-		keys, err := c.keys()
+		keys, err := c.keysB()
 		if err != nil {
 			return err
 		}
 		st.mu.Lock()
-		wr := &waitReq{c: c}
-		for _, k := range keys {
-			if !st.hasLocked(k) {
+		var wr *waitReq // only a wait that blocks allocates
+		for _, kb := range keys {
+			if !st.hasLocked(kb) {
+				if wr == nil {
+					wr = &waitReq{c: c}
+				}
+				k := string(kb)
 				wr.remaining++
 				wr.keys = append(wr.keys, k)
 				st.waiters[k] = append(st.waiters[k], wr)
 			}
 		}
-		if wr.remaining == 0 {
+		if wr == nil {
 			c.reply(replyStopWait)
 		} else {
 			c.waits = append(c.waits, wr)
@@ -521,13 +590,15 @@ func (c *srvConn) handleOne() error {
 		c.replyFn(func(b []byte) []byte { return appendI64(b, int64(n)) })
 
 	case opDeleteKey:
-		k, err := c.key()
+		k, err := c.keyB()
 		if err != nil {
 			return err
 		}
 		st.mu.Lock()
-		_, ok := st.kv[k]
-		delete(st.kv, k)
+		_, ok := st.kv[string(k)]
+		if ok {
+			delete(st.kv, string(k))
+		}
 		st.mu.Unlock()
 		var r int64
 		if ok {
@@ -557,22 +628,17 @@ func (c *srvConn) handleOne() error {
 		flushAll(wake)
 
 	case opMultiGet:
-		keys, err := c.keys()
+		keys, err := c.keysB()
 		if err != nil {
 			return err
 		}
 		st.mu.Lock()
-		vals := make([][]byte, len(keys))
-		for i, k := range keys {
-			vals[i] = st.kv[k]
+		c.outMu.Lock()
+		for _, k := range keys {
+			c.out = appendStr(c.out, st.kv[string(k)])
 		}
+		c.outMu.Unlock()
 		st.mu.Unlock()
-		c.replyFn(func(b []byte) []byte {
-			for _, v := range vals {
-				b = appendStr(b, v)
-			}
-			return b
-		})
 
 	case opMultiSet:
 		n, err := c.rd.count("key", c.s.opts.MaxKeysPerRequest)
@@ -692,22 +758,50 @@ func (c *srvConn) handleOne() error {
 }
 
 // hasLocked reports whether key exists as a value or a non-empty queue.
-func (st *serverState) hasLocked(k string) bool {
-	if _, ok := st.kv[k]; ok {
+func (st *serverState) hasLocked(k []byte) bool {
+	if _, ok := st.kv[string(k)]; ok {
 		return true
 	}
-	return len(st.queues[k]) > 0
+	return len(st.queues[string(k)]) > 0
+}
+
+// setLocked stores a copy of v under k. An existing value of the same
+// length is overwritten in place, so that a repeated set allocates neither
+// a key nor a value; every reader of st.kv therefore copies values out
+// before it unlocks.
+func (st *serverState) setLocked(k, v []byte) {
+	if old, ok := st.kv[string(k)]; ok && len(old) == len(v) {
+		copy(old, v)
+		return
+	}
+	st.kv[string(k)] = bytes.Clone(v)
 }
 
 // wakeLocked counts key k as arrived for every wait on it; connections whose
 // wait is complete get STOP_WAITING queued and are appended to wake, which
 // the caller flushes after unlocking.
+// Only the waits on k are visited: waiters of other keys are not disturbed.
 func (st *serverState) wakeLocked(k string, wake []*srvConn) []*srvConn {
 	list, ok := st.waiters[k]
 	if !ok {
 		return wake
 	}
 	delete(st.waiters, k)
+	return st.wakeListLocked(list, wake)
+}
+
+// wakeLockedB is wakeLocked for a key in a scratch buffer; it allocates
+// nothing when k has no waiters.
+func (st *serverState) wakeLockedB(k []byte, wake []*srvConn) []*srvConn {
+	list, ok := st.waiters[string(k)]
+	if !ok {
+		return wake
+	}
+	delete(st.waiters, string(k))
+	return st.wakeListLocked(list, wake)
+}
+
+func (st *serverState) wakeListLocked(list []*waitReq, wake []*srvConn) []*srvConn {
 	for _, wr := range list {
 		if wr.done {
 			continue

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 )
 
 // Dialect is a numbering of TCPStore query codes. The two are incompatible
@@ -146,20 +147,34 @@ type reader struct {
 
 func (r *reader) u8() (byte, error) { return r.r.ReadByte() }
 
+// fixed returns the next n bytes (n is at most 8, so never more than the
+// buffer), consumed; the slice is valid until the next read.
+func (r *reader) fixed(n int) ([]byte, error) {
+	b, err := r.r.Peek(n)
+	if err != nil {
+		if len(b) > 0 && err == io.EOF {
+			err = io.ErrUnexpectedEOF // what io.ReadFull says
+		}
+		return nil, err
+	}
+	_, _ = r.r.Discard(n)
+	return b, nil
+}
+
 func (r *reader) u32() (uint32, error) {
-	var b [4]byte
-	if _, err := io.ReadFull(r.r, b[:]); err != nil {
+	b, err := r.fixed(4)
+	if err != nil {
 		return 0, err
 	}
-	return binary.LittleEndian.Uint32(b[:]), nil
+	return binary.LittleEndian.Uint32(b), nil
 }
 
 func (r *reader) u64() (uint64, error) {
-	var b [8]byte
-	if _, err := io.ReadFull(r.r, b[:]); err != nil {
+	b, err := r.fixed(8)
+	if err != nil {
 		return 0, err
 	}
-	return binary.LittleEndian.Uint64(b[:]), nil
+	return binary.LittleEndian.Uint64(b), nil
 }
 
 // count reads a u64 count and checks it against limit.
@@ -200,6 +215,37 @@ func (r *reader) bytes(what string, limit int) ([]byte, error) {
 		}
 	}
 	return b, nil
+}
+
+// appendBytes reads a u64 length and appends that many bytes to dst,
+// returning the extended slice. As with bytes, the length is checked against
+// limit first and dst grows at most one 64 KiB chunk ahead of the data
+// received, so a server can reuse one scratch buffer per connection.
+func (r *reader) appendBytes(dst []byte, what string, limit int) ([]byte, error) {
+	n, err := r.u64()
+	if err != nil {
+		return nil, err
+	}
+	if n > uint64(limit) {
+		return nil, fmt.Errorf("%w: %s length %d exceeds the limit %d", errMalformed, what, n, limit)
+	}
+	if n <= uint64(r.r.Buffered()) { // already received: one copy
+		b, _ := r.r.Peek(int(n))
+		dst = append(dst, b...)
+		_, _ = r.r.Discard(int(n))
+		return dst, nil
+	}
+	const chunk = 64 << 10
+	for n > 0 {
+		m := int(min(n, chunk))
+		start := len(dst)
+		dst = slices.Grow(dst, m)[:start+m]
+		if _, err := io.ReadFull(r.r, dst[start:]); err != nil {
+			return nil, err
+		}
+		n -= uint64(m)
+	}
+	return dst, nil
 }
 
 // appendU64 and friends encode fields.
