@@ -3,7 +3,8 @@
 // benchmarks it against PyTorch's server.
 //
 //	gocoll-store serve --addr 0.0.0.0:29500 [--secret S] [--max-value-bytes N]
-//	gocoll-store bench [--duration 2s] [--conns 1,8,64,256] [--torch /usr/bin/python3]
+//	gocoll-store bench [--duration 3s] [--conns 1,8,64,256] [--rates 5000,10000] [--torch /usr/bin/python3]
+//	                   [--baseline OLD-gocoll-store] [--client-cpu 0] [--server-cpu 1] [--server-procs 1]
 //
 // serve runs until SIGINT or SIGTERM. With torch ranks, set MASTER_ADDR and
 // MASTER_PORT to the server and TORCHELASTIC_USE_AGENT_STORE=1 so that every
@@ -20,12 +21,10 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"slices"
+	"runtime/pprof"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
-	"time"
 
 	"github.com/gocoll/gocoll/store"
 )
@@ -55,7 +54,8 @@ func main() {
 func usage() {
 	fmt.Fprint(os.Stderr, `usage:
   gocoll-store serve --addr HOST:PORT [--secret S] [--max-value-bytes N]
-  gocoll-store bench [--duration D] [--conns 1,8,64,256] [--torch PYTHON]
+  gocoll-store bench [--duration D] [--conns 1,8,64,256] [--rates 5000,10000] [--torch PYTHON]
+                     [--baseline EXE] [--client-cpu N] [--server-cpu N] [--server-procs N]
 `)
 	os.Exit(2)
 }
@@ -65,7 +65,18 @@ func serve(args []string) error {
 	addr := fs.String("addr", ":29500", "address to listen on, HOST:PORT")
 	secret := fs.String("secret", "", "shared secret clients must prove (default $"+store.SecretEnv+"; PyTorch clients cannot)")
 	maxVal := fs.Int("max-value-bytes", store.DefaultMaxValueLen, "largest value accepted")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (diagnostics)")
 	_ = fs.Parse(args)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -89,164 +100,6 @@ func serve(args []string) error {
 	return srv.Close()
 }
 
-// result is one benchmark row.
-type result struct {
-	target   string
-	conns    int
-	ops      int
-	dur      time.Duration
-	p50, p99 time.Duration
-	errs     int
-}
-
-func bench(args []string) error {
-	fs := flag.NewFlagSet("bench", flag.ExitOnError)
-	dur := fs.Duration("duration", 2*time.Second, "measuring time per row")
-	connsFlag := fs.String("conns", "1,8,64,256", "connection counts")
-	py := fs.String("torch", "/usr/bin/python3", "python with torch, for the torch server (empty: skip)")
-	_ = fs.Parse(args)
-	var conns []int
-	for _, s := range strings.Split(*connsFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 {
-			return fmt.Errorf("bad --conns entry %q", s)
-		}
-		conns = append(conns, n)
-	}
-	ctx := context.Background()
-	// Our server runs in its own process, as torch's does, so that neither
-	// shares a Go runtime with the benchmark's clients.
-	gaddr, gstop, err := startOurServer()
-	if err != nil {
-		return err
-	}
-	defer gstop()
-	type target struct {
-		name    string
-		addr    string
-		dialect store.Dialect
-	}
-	targets := []target{
-		{"gocoll (v1 client)", gaddr, store.DialectV1},
-		{"gocoll (v2 client)", gaddr, store.DialectV2},
-	}
-	torchVer := ""
-	if *py != "" {
-		addr, ver, stop, err := startTorchServer(*py)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "gocoll-store bench: no torch server:", err)
-		} else {
-			defer stop()
-			torchVer = ver
-			targets = append(targets, target{"torch " + ver + " (v1 client)", addr, store.DialectV1})
-		}
-	}
-	fmt.Printf("# gocoll-store bench: %s, GOMAXPROCS=%d, %v per row, op = set + get (get = WAIT + GET) of a 16-byte value\n",
-		time.Now().UTC().Format("2006-01-02"), numCPU(), *dur)
-	fmt.Println("| server | conns | ops/s | p50 µs | p99 µs | errors |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|")
-	var rows []result
-	for _, n := range conns {
-		for _, tg := range targets {
-			r, err := runRow(ctx, tg.addr, tg.dialect, n, *dur)
-			if err != nil {
-				return fmt.Errorf("%s with %d connections: %w", tg.name, n, err)
-			}
-			r.target = tg.name
-			rows = append(rows, r)
-			fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %d |\n", r.target, r.conns, float64(r.ops)/r.dur.Seconds(),
-				us(r.p50), us(r.p99), r.errs)
-		}
-	}
-	if torchVer != "" {
-		fmt.Println()
-		for _, n := range conns {
-			var g, tt float64
-			for _, r := range rows {
-				rate := float64(r.ops) / r.dur.Seconds()
-				if r.conns == n && r.target == "gocoll (v1 client)" {
-					g = rate
-				}
-				if r.conns == n && strings.HasPrefix(r.target, "torch") {
-					tt = rate
-				}
-			}
-			if tt > 0 {
-				fmt.Printf("- %d connections: gocoll/torch throughput = %.2f×\n", n, g/tt)
-			}
-		}
-	}
-	return nil
-}
-
-func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-
-func numCPU() int { return runtimeGOMAXPROCS() }
-
-// runRow runs n clients doing set+get for d, after a short warm-up.
-func runRow(ctx context.Context, addr string, dialect store.Dialect, n int, d time.Duration) (result, error) {
-	clients := make([]*store.TCPStore, n)
-	for i := range clients {
-		c, err := store.DialTCPStore(ctx, addr, store.ClientOptions{Dialect: dialect, Timeout: time.Minute, NoEnvSecret: true})
-		if err != nil {
-			for _, c := range clients[:i] {
-				c.Close()
-			}
-			return result{}, err
-		}
-		clients[i] = c
-	}
-	defer func() {
-		for _, c := range clients {
-			c.Close()
-		}
-	}()
-	val := []byte("0123456789abcdef")
-	var mu sync.Mutex
-	var lats []time.Duration
-	errs := 0
-	warm := 200 * time.Millisecond
-	start := time.Now()
-	measureFrom, end := start.Add(warm), start.Add(warm+d)
-	var wg sync.WaitGroup
-	for i, c := range clients {
-		wg.Go(func() {
-			key := "bench/" + strconv.Itoa(i)
-			local := make([]time.Duration, 0, 4096)
-			e := 0
-			for {
-				t0 := time.Now()
-				if t0.After(end) {
-					break
-				}
-				err := c.Set(ctx, key, val)
-				if err == nil {
-					_, err = c.Get(ctx, key)
-				}
-				if err != nil {
-					e++
-					continue
-				}
-				if t0.After(measureFrom) {
-					local = append(local, time.Since(t0))
-				}
-			}
-			mu.Lock()
-			lats = append(lats, local...)
-			errs += e
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	slices.Sort(lats)
-	r := result{conns: n, ops: len(lats), dur: d, errs: errs}
-	if len(lats) > 0 {
-		r.p50 = lats[len(lats)/2]
-		r.p99 = lats[min(len(lats)-1, len(lats)*99/100)]
-	}
-	return r, nil
-}
-
 const torchServerPy = `
 import sys, datetime, torch, torch.distributed as dist
 s = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=300), wait_for_workers=False)
@@ -254,57 +107,71 @@ print("PORT", s.port, torch.__version__, flush=True)
 sys.stdin.read()
 `
 
-// startTorchServer runs PyTorch's TCPStore server in python.
-func startTorchServer(py string) (addr, version string, stop func(), err error) {
-	cmd := exec.Command(py, "-c", torchServerPy)
+// pinned returns the command line argv, run under taskset on cpu when cpu
+// is not empty.
+func pinned(cpu string, argv ...string) *exec.Cmd {
+	if cpu != "" {
+		argv = append([]string{"taskset", "-c", cpu}, argv...)
+	}
+	return exec.Command(argv[0], argv[1:]...)
+}
+
+// startTorchServer runs PyTorch's TCPStore server in python, on cpu.
+func startTorchServer(py, cpu string) (addr, version string, pid int, stop func(), err error) {
+	cmd := pinned(cpu, py, "-c", torchServerPy)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return "", "", nil, err
+		return "", "", 0, nil, err
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", "", nil, err
+		return "", "", 0, nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return "", "", nil, err
+		return "", "", 0, nil, err
 	}
 	stop = func() { stdin.Close(); _ = cmd.Wait() }
 	sc := bufio.NewScanner(out)
 	if !sc.Scan() {
 		stop()
-		return "", "", nil, errors.New("torch server printed nothing")
+		return "", "", 0, nil, errors.New("torch server printed nothing")
 	}
 	f := strings.Fields(sc.Text())
 	if len(f) != 3 || f[0] != "PORT" {
 		stop()
-		return "", "", nil, fmt.Errorf("torch server said %q", sc.Text())
+		return "", "", 0, nil, fmt.Errorf("torch server said %q", sc.Text())
 	}
-	return "127.0.0.1:" + f[1], f[2], stop, nil
+	return "127.0.0.1:" + f[1], f[2], cmd.Process.Pid, stop, nil
 }
 
-// startOurServer runs "gocoll-store serve" on a free loopback port.
-func startOurServer() (addr string, stop func(), err error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return "", nil, err
+// startOurServer runs "EXE serve" on a free loopback port, on cpu, with
+// GOMAXPROCS=procs when procs > 0. exe empty means this program.
+func startOurServer(exe, cpu string, procs int) (addr string, pid int, stop func(), err error) {
+	if exe == "" {
+		if exe, err = os.Executable(); err != nil {
+			return "", 0, nil, err
+		}
 	}
-	cmd := exec.Command(exe, "serve", "--addr", "127.0.0.1:0")
+	cmd := pinned(cpu, exe, "serve", "--addr", "127.0.0.1:0")
 	cmd.Env = append(os.Environ(), store.SecretEnv+"=")
+	if procs > 0 {
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(procs))
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	stop = func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
 		if a, ok := strings.CutPrefix(sc.Text(), "LISTENING "); ok {
-			return a, stop, nil
+			return a, cmd.Process.Pid, stop, nil
 		}
 	}
 	stop()
-	return "", nil, errors.New("gocoll-store serve printed no LISTENING line")
+	return "", 0, nil, errors.New("gocoll-store serve printed no LISTENING line")
 }

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// result is one benchmark row.
+type result struct {
+	conns    int
+	rate     int // offered ops/s; 0 for closed loop
+	ops      int
+	dur      time.Duration
+	p50, p99 time.Duration
+	errs     int
+	// CPU time of the client loop's thread and of the server process
+	// during the row (warm-up included), over the row's wall time.
+	clientCPU, serverCPU float64
+}
+
+func (r result) opsPerSec() float64 { return float64(r.ops) / r.dur.Seconds() }
+
+// benchTarget is one server under test.
+type benchTarget struct {
+	name string
+	addr string
+	pid  int
+}
+
+func bench(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	dur := fs.Duration("duration", 3*time.Second, "measuring time per row")
+	connsFlag := fs.String("conns", "1,8,64,256", "connection counts of the closed-loop rows")
+	ratesFlag := fs.String("rates", "5000,10000", "offered loads (ops/s, all connections together) of the open-loop rows; empty: none")
+	openConns := fs.Int("open-conns", 64, "connections of the open-loop rows")
+	py := fs.String("torch", "/usr/bin/python3", "python with torch, for the torch server (empty: skip)")
+	baseline := fs.String("baseline", "", "another gocoll-store binary whose server is measured too (e.g. one built from an older commit)")
+	clientCPU := fs.Int("client-cpu", 0, "CPU the client's event-loop thread is pinned to (-1: not pinned)")
+	serverCPU := fs.String("server-cpu", "1", "CPU list the server processes are pinned to with taskset (empty: not pinned)")
+	serverProcs := fs.Int("server-procs", 1, "GOMAXPROCS of our server processes (0: Go's default)")
+	extAddr := fs.String("addr", "", "measure the server already listening here instead of starting ours (for profiling it)")
+	_ = fs.Parse(args)
+	conns, err := intList(*connsFlag)
+	if err != nil {
+		return err
+	}
+	rates, err := intList(*ratesFlag)
+	if err != nil {
+		return err
+	}
+	if *serverCPU != "" {
+		if _, err := exec.LookPath("taskset"); err != nil {
+			return fmt.Errorf("--server-cpu needs taskset: %w", err)
+		}
+	}
+	// Each server runs in its own process, pinned apart from the client, so
+	// that neither shares a Go runtime or a core with the client.
+	var targets []benchTarget
+	if *extAddr != "" {
+		targets = append(targets, benchTarget{"gocoll", *extAddr, 0})
+	} else {
+		gaddr, gpid, gstop, err := startOurServer("", *serverCPU, *serverProcs)
+		if err != nil {
+			return err
+		}
+		defer gstop()
+		targets = append(targets, benchTarget{"gocoll", gaddr, gpid})
+	}
+	if *baseline != "" {
+		addr, pid, stop, err := startOurServer(*baseline, *serverCPU, *serverProcs)
+		if err != nil {
+			return fmt.Errorf("baseline server: %w", err)
+		}
+		defer stop()
+		targets = append(targets, benchTarget{"gocoll baseline", addr, pid})
+	}
+	torchName := ""
+	if *py != "" {
+		addr, ver, pid, stop, err := startTorchServer(*py, *serverCPU)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "gocoll-store bench: no torch server:", err)
+		} else {
+			defer stop()
+			torchName = "torch " + ver
+			targets = append(targets, benchTarget{torchName, addr, pid})
+		}
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	pin := "client and servers not pinned"
+	if *serverCPU != "" || *clientCPU >= 0 {
+		pin = fmt.Sprintf("client loop pinned to CPU %d, servers to CPU %s", *clientCPU, *serverCPU)
+	}
+	fmt.Printf("# gocoll-store bench: %s, %d CPUs, %s, our server GOMAXPROCS=%d, %v per row, loadavg %s",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), pin, *serverProcs, *dur, load)
+	fmt.Println("# op = set + get of a 16-byte value, as a PyTorch 1.x client sends it: SET+WAIT in one write, read STOP_WAITING, GET, read the value")
+	fmt.Println()
+	run := func(tg benchTarget, n, rate int) (result, error) {
+		cpu0, t0 := procCPU(tg.pid), time.Now()
+		r, err := runLoop(loopConfig{addr: tg.addr, conns: n, rate: rate, dur: *dur, cpu: *clientCPU})
+		if err != nil {
+			return r, fmt.Errorf("%s with %d connections: %w", tg.name, n, err)
+		}
+		r.serverCPU = (procCPU(tg.pid) - cpu0).Seconds() / time.Since(t0).Seconds()
+		return r, nil
+	}
+	closed := map[string]map[int]result{}
+	fmt.Println("Closed loop (each connection starts its next op when the last one ends); latency per op:")
+	fmt.Println()
+	fmt.Println("| server | conns | ops/s | p50 µs | p99 µs | errors | server CPU | client CPU |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, n := range conns {
+		for _, tg := range targets {
+			r, err := run(tg, n, 0)
+			if err != nil {
+				return err
+			}
+			if closed[tg.name] == nil {
+				closed[tg.name] = map[int]result{}
+			}
+			closed[tg.name][n] = r
+			fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %d | %.0f%% | %.0f%% |\n", tg.name, n, r.opsPerSec(), us(r.p50), us(r.p99), r.errs,
+				100*r.serverCPU, 100*r.clientCPU)
+		}
+	}
+	if len(rates) > 0 {
+		fmt.Println()
+		fmt.Printf("Open loop, %d connections, fixed offered load (ops start on a schedule, round robin over the connections;\n", *openConns)
+		fmt.Println("latency is from the scheduled start, so time queued behind a late op counts):")
+		fmt.Println()
+		fmt.Println("| server | offered ops/s | achieved ops/s | p50 µs | p99 µs | errors | server CPU | client CPU |")
+		fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|")
+		for _, rate := range rates {
+			for _, tg := range targets {
+				r, err := run(tg, *openConns, rate)
+				if err != nil {
+					return err
+				}
+				fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %d | %.0f%% | %.0f%% |\n", tg.name, rate, r.opsPerSec(), us(r.p50), us(r.p99), r.errs,
+					100*r.serverCPU, 100*r.clientCPU)
+			}
+		}
+	}
+	if torchName != "" {
+		fmt.Println()
+		for _, n := range conns {
+			g, t := closed["gocoll"][n], closed[torchName][n]
+			line := fmt.Sprintf("- %d connections: gocoll/torch throughput = %.2f×", n, g.opsPerSec()/t.opsPerSec())
+			if b, ok := closed["gocoll baseline"][n]; ok {
+				line += fmt.Sprintf(" (baseline/torch %.2f×)", b.opsPerSec()/t.opsPerSec())
+			}
+			fmt.Println(line)
+		}
+	}
+	load, _ = os.ReadFile("/proc/loadavg")
+	fmt.Printf("\n# loadavg at the end: %s", load)
+	return nil
+}
+
+// procCPU returns the user+system CPU time of process pid, all threads
+// (/proc/PID/stat, clock ticks of 10 ms), or 0.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// Fields after the ")" closing the command name: state is field 3,
+	// utime 14 and stime 15.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+s) * 10 * time.Millisecond
+}
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bad list entry %q", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+// percentiles sorts lats and returns its p50 and p99.
+func percentiles(lats []time.Duration) (p50, p99 time.Duration) {
+	if len(lats) == 0 {
+		return 0, 0
+	}
+	slices.Sort(lats)
+	return lats[len(lats)/2], lats[min(len(lats)-1, len(lats)*99/100)]
+}
+
+// benchOp is the pre-encoded byte stream of one op with 1.x codes: first
+// is SET(key, value) + WAIT([key]), get is GET(key).
+func benchOp(key string, val []byte) (first, get []byte) {
+	str := func(b []byte, s []byte) []byte {
+		b = appendU64(b, uint64(len(s)))
+		return append(b, s...)
+	}
+	// 1.x codes (reference/tcpstore-protocol.md §3): SET 0, GET 2, WAIT 5.
+	first = str(str([]byte{0}, []byte(key)), val)
+	first = append(first, 5)
+	first = str(appendU64(first, 1), []byte(key))
+	get = str([]byte{2}, []byte(key))
+	return first, get
+}
+
+func appendU64(b []byte, v uint64) []byte {
+	for i := range 8 {
+		b = append(b, byte(v>>(8*i)))
+	}
+	return b
+}

@@ -1,0 +1,251 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// loopConfig is one benchmark row.
+type loopConfig struct {
+	addr  string
+	conns int
+	rate  int // offered ops/s over all connections; 0 = closed loop
+	dur   time.Duration
+	cpu   int // CPU to pin the loop's thread to; -1: none
+}
+
+// Phases of a benchmark connection.
+const (
+	phIdle    = iota
+	phWaitAck // SET+WAIT sent, reading STOP_WAITING (1 byte)
+	phGetVal  // GET sent, reading the value (8 + 16 bytes)
+)
+
+// bconn is one client connection of the event loop.
+type bconn struct {
+	fd         int
+	first, get []byte
+	phase      int
+	got, need  int
+	buf        [8 + 16]byte
+	start      time.Duration   // op start (closed) or scheduled start (open)
+	backlog    []time.Duration // open loop: scheduled starts not begun yet
+}
+
+// runLoop drives cfg.conns raw, non-blocking TCP connections from one
+// OS thread with epoll, so the client side costs two writes, two reads and
+// a share of one epoll_wait per op, and no goroutine switches. The
+// connections do not go through Go's netpoller.
+func runLoop(cfg loopConfig) (result, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if cfg.cpu >= 0 {
+		var mask [16]uint64
+		mask[cfg.cpu/64] |= 1 << (cfg.cpu % 64)
+		if _, _, e := syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, 0, unsafe.Sizeof(mask), uintptr(unsafe.Pointer(&mask))); e != 0 {
+			return result{}, fmt.Errorf("pin client thread to CPU %d: %w", cfg.cpu, e)
+		}
+		// The thread goes back to the pool unpinned: allow every CPU again.
+		defer func() {
+			for i := range mask {
+				mask[i] = ^uint64(0)
+			}
+			_, _, _ = syscall.RawSyscall(syscall.SYS_SCHED_SETAFFINITY, 0, unsafe.Sizeof(mask), uintptr(unsafe.Pointer(&mask)))
+		}()
+	}
+	sa, err := sockaddr(cfg.addr)
+	if err != nil {
+		return result{}, err
+	}
+	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return result{}, err
+	}
+	defer syscall.Close(epfd)
+	val := []byte("0123456789abcdef")
+	cs := make([]*bconn, cfg.conns)
+	defer func() {
+		for _, c := range cs {
+			if c != nil {
+				syscall.Close(c.fd)
+			}
+		}
+	}()
+	for i := range cs {
+		fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return result{}, err
+		}
+		c := &bconn{fd: fd}
+		cs[i] = c
+		if err := syscall.Connect(fd, sa); err != nil {
+			return result{}, fmt.Errorf("connect %s: %w", cfg.addr, err)
+		}
+		_ = syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
+		if err := syscall.SetNonblock(fd, true); err != nil {
+			return result{}, err
+		}
+		c.first, c.get = benchOp("/bench/"+strconv.Itoa(i), val)
+		ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(i)}
+		if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			return result{}, err
+		}
+	}
+	const warm = 300 * time.Millisecond
+	ru0 := threadCPU()
+	t0 := time.Now()
+	now := func() time.Duration { return time.Since(t0) }
+	measureFrom, end := warm, warm+cfg.dur
+	lats := make([]time.Duration, 0, 1<<16)
+	errs := 0
+	var fatal error
+	send := func(c *bconn, b []byte) {
+		for len(b) > 0 {
+			n, err := syscall.Write(c.fd, b)
+			if err == syscall.EAGAIN || err == syscall.EINTR {
+				continue // a full 1 MB send buffer: cannot happen with one op in flight
+			}
+			if err != nil {
+				fatal = fmt.Errorf("write: %w", err)
+				return
+			}
+			b = b[n:]
+		}
+	}
+	begin := func(c *bconn, at time.Duration) {
+		c.start, c.phase, c.got, c.need = at, phWaitAck, 0, 1
+		send(c, c.first)
+	}
+	// Open loop: op number seq is due at seq*period and goes to
+	// connection seq % conns.
+	var period time.Duration
+	seq := 0
+	if cfg.rate > 0 {
+		period = time.Second / time.Duration(cfg.rate)
+	} else {
+		for _, c := range cs {
+			begin(c, now())
+		}
+	}
+	events := make([]syscall.EpollEvent, len(cs))
+	for fatal == nil {
+		t := now()
+		if t >= end {
+			break
+		}
+		wait := end - t
+		if cfg.rate > 0 {
+			for ; time.Duration(seq)*period <= t; seq++ {
+				due := time.Duration(seq) * period
+				c := cs[seq%len(cs)]
+				if c.phase == phIdle {
+					begin(c, due)
+				} else {
+					c.backlog = append(c.backlog, due)
+				}
+			}
+			wait = min(wait, time.Duration(seq)*period-t)
+		}
+		n, err := epollWait(epfd, events, wait)
+		if err != nil {
+			return result{}, err
+		}
+		for _, ev := range events[:n] {
+			c := cs[ev.Fd]
+			if c.phase == phIdle {
+				fatal = errors.New("server sent bytes that no request asked for")
+				break
+			}
+			m, err := syscall.Read(c.fd, c.buf[c.got:c.need])
+			if err == syscall.EAGAIN || err == syscall.EINTR {
+				continue
+			}
+			if err != nil || m == 0 {
+				fatal = fmt.Errorf("read: %v (server closed the connection?)", err)
+				break
+			}
+			if c.got += m; c.got < c.need {
+				continue
+			}
+			if c.phase == phWaitAck {
+				if c.buf[0] != 0 {
+					errs++
+				}
+				c.phase, c.got, c.need = phGetVal, 0, 8+16
+				send(c, c.get)
+				continue
+			}
+			if c.buf[0] != 16 || string(c.buf[8:]) != string(val) {
+				errs++
+			}
+			t := now()
+			if c.start >= measureFrom && t <= end {
+				lats = append(lats, t-c.start)
+			}
+			c.phase = phIdle
+			switch {
+			case cfg.rate == 0:
+				begin(c, t)
+			case len(c.backlog) > 0:
+				at := c.backlog[0]
+				c.backlog = c.backlog[1:]
+				begin(c, at)
+			}
+		}
+	}
+	if fatal != nil {
+		return result{}, fatal
+	}
+	r := result{conns: cfg.conns, rate: cfg.rate, ops: len(lats), dur: cfg.dur, errs: errs,
+		clientCPU: (threadCPU() - ru0).Seconds() / time.Since(t0).Seconds()}
+	r.p50, r.p99 = percentiles(lats)
+	return r, nil
+}
+
+// threadCPU returns the calling thread's user+system CPU time.
+func threadCPU() time.Duration {
+	const rusageThread = 1
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(rusageThread, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func sockaddr(addr string) (*syscall.SockaddrInet4, error) {
+	ta, err := net.ResolveTCPAddr("tcp4", addr)
+	if err != nil {
+		return nil, err
+	}
+	sa := &syscall.SockaddrInet4{Port: ta.Port}
+	copy(sa.Addr[:], ta.IP.To4())
+	return sa, nil
+}
+
+// epollWait waits up to d with nanosecond resolution (epoll_pwait2,
+// Linux ≥ 5.11), falling back to epoll_wait's milliseconds.
+func epollWait(epfd int, events []syscall.EpollEvent, d time.Duration) (int, error) {
+	const sysEpollPwait2 = 441
+	for {
+		ts := syscall.NsecToTimespec(int64(max(d, 0)))
+		n, _, e := syscall.Syscall6(sysEpollPwait2, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(unsafe.Pointer(&ts)), 0, 0)
+		switch e {
+		case 0:
+			return int(n), nil
+		case syscall.EINTR:
+			return 0, nil
+		case syscall.ENOSYS:
+			n, err := syscall.EpollWait(epfd, events, int((d+time.Millisecond-1)/time.Millisecond))
+			if err == syscall.EINTR {
+				return 0, nil
+			}
+			return n, err
+		default:
+			return 0, e
+		}
+	}
+}
