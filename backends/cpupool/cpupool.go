@@ -1,6 +1,9 @@
 // Package cpupool is gocoll's CPU backend, in the role of PyTorch's Gloo
 // backend: collectives on host tensors, run by a pool of worker goroutines
-// over a full mesh of TCP connections between the ranks.
+// over a full mesh of TCP connections between the ranks. Ranks on one host
+// move their data through shared memory instead (Options.Transport,
+// GOCOLL_CPUPOOL_TRANSPORT); the TCP connections then only carry the
+// setup and detect a peer's death (see internal/tcpmesh).
 //
 // Link it with a blank import; it registers itself as "cpupool":
 //
@@ -12,8 +15,10 @@
 // rank issues its collectives in the same order (the c10d contract). Sends
 // to one peer leave in issue order; receives are posted in issue order.
 //
-// Works. Every op returns at once with a Work that a worker completes. Wait
-// blocks the host until then; the op's own timeout (Meta.Timeout, measured
+// Works. Every op returns at once with a Work that a worker completes, or
+// that Wait runs on the caller's goroutine when no worker has picked it up
+// yet and it is next in the queue (so issue order is kept). Wait blocks the
+// host until the work completes; the op's own timeout (Meta.Timeout, measured
 // from issue) bounds it. A timed-out collective fails with ErrTimeout
 // naming the ranks that had not issued it (each peer is asked how many
 // collectives it has issued). A dead peer fails every pending work with
