@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"os"
@@ -45,6 +46,7 @@ func bench(args []string) error {
 	clientCPU := fs.Int("client-cpu", 0, "CPU the client's event-loop thread is pinned to (-1: not pinned)")
 	serverCPU := fs.String("server-cpu", "1", "CPU list the server processes are pinned to with taskset (empty: not pinned)")
 	serverProcs := fs.Int("server-procs", 1, "GOMAXPROCS of our server processes (0: Go's default)")
+	repeat := fs.Int("repeat", 1, "measure each row this many times, the servers taking turns, and report the median one (by ops/s closed loop, by p99 open loop) with the range")
 	extAddr := fs.String("addr", "", "measure the server already listening here instead of starting ours (for profiling it)")
 	_ = fs.Parse(args)
 	conns, err := intList(*connsFlag)
@@ -110,23 +112,57 @@ func bench(args []string) error {
 		r.serverCPU = (procCPU(tg.pid) - cpu0).Seconds() / time.Since(t0).Seconds()
 		return r, nil
 	}
+	// measure runs one row for every target, *repeat times round robin, and
+	// returns each target's median rep and the range of key over the reps.
+	measure := func(n, rate int, key func(result) float64) (map[string]result, map[string][2]float64, error) {
+		reps := map[string][]result{}
+		for range max(*repeat, 1) {
+			for _, tg := range targets {
+				r, err := run(tg, n, rate)
+				if err != nil {
+					return nil, nil, err
+				}
+				reps[tg.name] = append(reps[tg.name], r)
+			}
+		}
+		med, rng := map[string]result{}, map[string][2]float64{}
+		for name, rs := range reps {
+			slices.SortFunc(rs, func(a, b result) int { return cmp.Compare(key(a), key(b)) })
+			med[name] = rs[len(rs)/2]
+			rng[name] = [2]float64{key(rs[0]), key(rs[len(rs)-1])}
+		}
+		return med, rng, nil
+	}
+	rangeCol := func(r [2]float64, f func(float64) string) string {
+		if *repeat <= 1 {
+			return ""
+		}
+		return " " + f(r[0]) + "–" + f(r[1]) + " |"
+	}
+	k0 := func(v float64) string { return fmt.Sprintf("%.0f", v) }
+	repHead, repSep := "", ""
+	if *repeat > 1 {
+		repHead, repSep = " range over the reps |", "---:|"
+		fmt.Printf("Each row is the median of %d reps (closed loop: by ops/s; open loop: by p99 µs); the servers took turns.\n\n", *repeat)
+	}
 	closed := map[string]map[int]result{}
 	fmt.Println("Closed loop (each connection starts its next op when the last one ends); latency per op:")
 	fmt.Println()
-	fmt.Println("| server | conns | ops/s | p50 µs | p99 µs | errors | server CPU | client CPU |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Println("| server | conns | ops/s | p50 µs | p99 µs | errors | server CPU | client CPU |" + repHead)
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|" + repSep)
 	for _, n := range conns {
+		med, rng, err := measure(n, 0, result.opsPerSec)
+		if err != nil {
+			return err
+		}
 		for _, tg := range targets {
-			r, err := run(tg, n, 0)
-			if err != nil {
-				return err
-			}
+			r := med[tg.name]
 			if closed[tg.name] == nil {
 				closed[tg.name] = map[int]result{}
 			}
 			closed[tg.name][n] = r
-			fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %d | %.0f%% | %.0f%% |\n", tg.name, n, r.opsPerSec(), us(r.p50), us(r.p99), r.errs,
-				100*r.serverCPU, 100*r.clientCPU)
+			fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %d | %.0f%% | %.0f%% |%s\n", tg.name, n, r.opsPerSec(), us(r.p50), us(r.p99), r.errs,
+				100*r.serverCPU, 100*r.clientCPU, rangeCol(rng[tg.name], k0))
 		}
 	}
 	if len(rates) > 0 {
@@ -134,16 +170,17 @@ func bench(args []string) error {
 		fmt.Printf("Open loop, %d connections, fixed offered load (ops start on a schedule, round robin over the connections;\n", *openConns)
 		fmt.Println("latency is from the scheduled start, so time queued behind a late op counts):")
 		fmt.Println()
-		fmt.Println("| server | offered ops/s | achieved ops/s | p50 µs | p99 µs | errors | server CPU | client CPU |")
-		fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|")
+		fmt.Println("| server | offered ops/s | achieved ops/s | p50 µs | p99 µs | errors | server CPU | client CPU |" + repHead)
+		fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|" + repSep)
 		for _, rate := range rates {
+			med, rng, err := measure(*openConns, rate, func(r result) float64 { return us(r.p99) })
+			if err != nil {
+				return err
+			}
 			for _, tg := range targets {
-				r, err := run(tg, *openConns, rate)
-				if err != nil {
-					return err
-				}
-				fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %d | %.0f%% | %.0f%% |\n", tg.name, rate, r.opsPerSec(), us(r.p50), us(r.p99), r.errs,
-					100*r.serverCPU, 100*r.clientCPU)
+				r := med[tg.name]
+				fmt.Printf("| %s | %d | %.0f | %.0f | %.0f | %d | %.0f%% | %.0f%% |%s\n", tg.name, rate, r.opsPerSec(), us(r.p50), us(r.p99), r.errs,
+					100*r.serverCPU, 100*r.clientCPU, rangeCol(rng[tg.name], k0))
 			}
 		}
 	}
