@@ -56,7 +56,13 @@ func init() {
 }
 
 func factory(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
-	return New(ctx, cfg)
+	// Not "return New(ctx, cfg)": a nil *Backend in a backend.Backend is a
+	// non-nil interface, which the dispatcher would keep and later Close.
+	b, err := New(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // Backend is the NCCL backend of one process group. Its methods are safe

@@ -194,6 +194,11 @@ func (b *Backend) wrapErr(m backend.Meta, err error) error {
 // records the sync event, makes the stream wait, calls NCCL and records
 // the end event. Its Go allocations are the Work and nothing per tensor.
 func (b *Backend) issue(ctx context.Context, m backend.Meta, c *comm, async bool, ins, outs []*tensor.Tensor, k call) (backend.Work, error) {
+	if k.count == 0 {
+		// Nothing goes to NCCL with a count of 0 (see issueGroup): the
+		// group path gives the op its events and Work without a call.
+		return b.issueGroup(ctx, m, c, async, ins, outs, []call{k})
+	}
 	if err := b.usable(m.Op); err != nil {
 		return nil, err
 	}
@@ -287,11 +292,19 @@ func opCallName(kind C.int) string {
 // issueGroup runs several calls as one NCCL group with one Work, one sync
 // event and one end event (collectiveCoalesced). The group runs on one
 // locked OS thread, since NCCL's group state is thread-local.
+//
+// Calls with a count of 0 never reach NCCL, as PyTorch's all2all skips
+// them: every rank has the same count for a collective, and a send/recv
+// pair has the same count on both sides, so every rank skips alike. In the
+// conftest world-2 run on NCCL 2.28.3, the first grouped send/recv (an
+// uneven list alltoall) after an ncclAlltoAll of count 0 on the same
+// communicator never completed, while the same alltoall on a fresh
+// communicator did.
 func (b *Backend) issueGroup(ctx context.Context, m backend.Meta, c *comm, async bool, ins, outs []*tensor.Tensor, calls []call) (backend.Work, error) {
 	if err := b.usable(m.Op); err != nil {
 		return nil, err
 	}
-	if len(calls) == 1 {
+	if len(calls) == 1 && calls[0].count > 0 {
 		return b.issue(ctx, m, c, async, ins, outs, calls[0])
 	}
 	cur := cuda.StreamFor(ctx, c.dev)

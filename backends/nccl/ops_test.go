@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/cuda"
@@ -283,3 +284,122 @@ func TestEveryOpEveryDType(t *testing.T) {
 }
 
 var _ = context.Background
+
+// TestUnevenAlltoallAfterEmpty is conftest's "alltoall takes uneven pieces"
+// in the order that hung on two GPUs: empty alltoall_base and alltoall
+// first (count 0: nothing may reach NCCL), then a list alltoall where rank r
+// sends r+p+1 int32s to rank p, in sync mode on the legacy default stream
+// (the conformance suite's) and async on the test's stream, then
+// alltoall_base with the same split sizes.
+func TestUnevenAlltoallAfterEmpty(t *testing.T) {
+	envs := newRanks(t, 0, testOpts())
+	world := len(envs)
+	each(t, envs, func(e *rankEnv) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		wait := func(name string) func(backend.Work, error) error {
+			return func(w backend.Work, err error) error {
+				if err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+				if err := w.Wait(ctx); err != nil {
+					return fmt.Errorf("%s: wait: %w", name, err)
+				}
+				if err := w.WaitHost(ctx); err != nil {
+					return fmt.Errorf("%s: wait host: %w", name, err)
+				}
+				return nil
+			}
+		}
+		empty := func() *tensor.Tensor {
+			x, err := cuda.Zeros(e.ctx, e.r, tensor.Int32, 0)
+			if err != nil {
+				panic(err)
+			}
+			return x
+		}
+		m := func(op backend.Op) backend.Meta { mt := e.meta(op); mt.Timeout = 10 * time.Second; return mt }
+		if err := wait("empty alltoall_base")(e.b.AlltoallBase(e.ctx, m(backend.OpAlltoallBase), empty(), empty(), backend.AlltoallBaseOptions{})); err != nil {
+			return err
+		}
+		eo, ei := make([]*tensor.Tensor, world), make([]*tensor.Tensor, world)
+		for p := range world {
+			eo[p], ei[p] = empty(), empty()
+		}
+		if err := wait("empty alltoall")(e.b.Alltoall(e.ctx, m(backend.OpAlltoall), eo, ei, backend.AlltoallOptions{})); err != nil {
+			return err
+		}
+		for _, mode := range []struct {
+			name  string
+			ctx   context.Context
+			async bool
+		}{{"sync, default stream", context.Background(), false}, {"async", e.ctx, true}} {
+			ins, outs := make([]*tensor.Tensor, world), make([]*tensor.Tensor, world)
+			var flat []float64
+			inS, outS := make([]int, world), make([]int, world)
+			total := 0
+			for p := range world {
+				v := make([]float64, e.r+p+1)
+				for i := range v {
+					v[i] = float64(100*e.r + p)
+				}
+				var err error
+				if ins[p], err = e.fromFloats(tensor.Int32, v); err != nil {
+					return err
+				}
+				if outs[p], err = cuda.Zeros(e.ctx, e.r, tensor.Int32, p+e.r+1); err != nil {
+					return err
+				}
+				flat = append(flat, v...)
+				inS[p], outS[p] = e.r+p+1, p+e.r+1
+				total += p + e.r + 1
+			}
+			// The inputs were written on the test's stream: let the op's
+			// stream see them.
+			if err := e.cur.Synchronize(); err != nil {
+				return err
+			}
+			if err := wait("uneven alltoall (" + mode.name + ")")(e.b.Alltoall(mode.ctx, m(backend.OpAlltoall), outs, ins, backend.AlltoallOptions{Async: mode.async})); err != nil {
+				return err
+			}
+			for p := range world {
+				got, err := e.read(outs[p])
+				if err != nil {
+					return err
+				}
+				if err := expect(got, func(int) float64 { return float64(100*p + e.r) }); err != nil {
+					return fmt.Errorf("uneven alltoall (%s), piece from rank %d: %w", mode.name, p, err)
+				}
+			}
+			in, err := e.fromFloats(tensor.Int32, flat)
+			if err != nil {
+				return err
+			}
+			out, err := cuda.Zeros(e.ctx, e.r, tensor.Int32, total)
+			if err != nil {
+				return err
+			}
+			if err := e.cur.Synchronize(); err != nil {
+				return err
+			}
+			if err := wait("alltoall_base split (" + mode.name + ")")(e.b.AlltoallBase(mode.ctx, m(backend.OpAlltoallBase), out, in,
+				backend.AlltoallBaseOptions{InputSplitSizes: inS, OutputSplitSizes: outS, Async: mode.async})); err != nil {
+				return err
+			}
+			got, err := e.read(out)
+			if err != nil {
+				return err
+			}
+			off := 0
+			for p := range world {
+				for range outS[p] {
+					if got[off] != float64(100*p+e.r) {
+						return fmt.Errorf("alltoall_base split (%s): element %d = %v, want %d", mode.name, off, got[off], 100*p+e.r)
+					}
+					off++
+				}
+			}
+		}
+		return nil
+	})
+}

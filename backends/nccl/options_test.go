@@ -1,9 +1,12 @@
 package nccl
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gocoll/gocoll/backend"
 )
 
 // TestOptionsFromEnvRejects: invalid values of the error-handling
@@ -37,5 +40,17 @@ func TestOptionsFromEnvRejects(t *testing.T) {
 	d.AbortTimeout = 0
 	if d.validate() == nil {
 		t.Fatal("AbortTimeout 0 accepted")
+	}
+}
+
+// TestFactoryFailureGivesNilBackend: a failed New must reach the dispatcher
+// as a nil backend.Backend, not a typed nil it would later Close.
+func TestFactoryFailureGivesNilBackend(t *testing.T) {
+	b, err := factory(context.Background(), backend.Config{Options: 42})
+	if err == nil {
+		t.Fatal("factory with bad options succeeded")
+	}
+	if b != nil {
+		t.Fatalf("factory failed (%v) but returned a non-nil backend.Backend (%T)", err, b)
 	}
 }
