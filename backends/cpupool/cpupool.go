@@ -472,6 +472,7 @@ type job struct {
 	w       *backend.HostWork
 	outputs []*tensor.Tensor
 	run     func(ctx context.Context, tag uint64) error
+	poll    tcpmesh.OpPoll
 }
 
 func (b *Backend) worker() {
@@ -487,7 +488,13 @@ func (b *Backend) worker() {
 
 func (b *Backend) runJob(j *job) {
 	j.w.MarkStarted()
-	err := j.run(j.ctx, j.tag)
+	ctx := j.ctx
+	if j.tag != 0 && j.tag < p2pBit {
+		// This goroutine reads the op's messages itself (see OpPoll).
+		ctx = b.mesh.BeginOp(ctx, &j.poll)
+	}
+	err := j.run(ctx, j.tag)
+	b.mesh.EndOp(&j.poll)
 	if err != nil {
 		if j.tag != 0 && j.tag < p2pBit && sizeMismatch(err) {
 			// The peers may wait for messages this rank will not send

@@ -7,6 +7,7 @@ import (
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/coll"
 	"github.com/gocoll/gocoll/internal/reduce"
+	"github.com/gocoll/gocoll/internal/tcpmesh"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -660,11 +661,14 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 	j.tag = b.issued.Add(1)
 	earlier := b.track(j.w)
 	j.run = func(ctx context.Context, tag uint64) error {
+		resume := tcpmesh.Blocking(ctx) // the earlier works may need this rank's ring readers
 		for _, w := range earlier {
 			if err := w.WaitHost(ctx); err != nil && ctx.Err() != nil {
+				resume()
 				return ctx.Err()
 			}
 		}
+		resume()
 		return coll.Barrier(ctx, b.comm, tag)
 	}
 	if !b.q.push(j) {

@@ -62,6 +62,7 @@ const (
 	// the bytes visible, so the reader copies out while the writer copies in.
 	publishChunk = 128 << 10
 	sleepSlice   = 20 * time.Millisecond
+	pollSlice    = 200 * time.Microsecond
 )
 
 // DefaultRingBytes is the default capacity of each direction.
@@ -257,6 +258,9 @@ func (r *Ring) kick() {
 	r.spaceSeq.Add(1)
 	futexWake(r.spaceSeq)
 }
+
+// Fits reports whether n bytes can be written now without waiting.
+func (r *Ring) Fits(n int) bool { return r.size-(r.tail.Load()-r.head.Load()) >= uint64(n) }
 
 // Cap is the ring's capacity in bytes.
 func (r *Ring) Cap() int { return int(r.size) }
@@ -502,7 +506,13 @@ func (r *Ring) wait(deferToPollers bool, need uint64) error {
 		// before checking (seq-cst) pairs with publish and EndPoll, which
 		// change the state before they look at consWait.
 		if (r.tail.Load()-r.head.Load() < need || (!woke && r.polling.Load() != 0)) && !r.closed.Load() && !r.dead.Load() {
-			futexWait(r.dataSeq, seq, sleepSlice)
+			d := sleepSlice
+			if r.polling.Load() != 0 {
+				// Pollers wake us when they leave bytes behind, but one that
+				// is busy elsewhere may not poll for a while: bound the wait.
+				d = pollSlice
+			}
+			futexWait(r.dataSeq, seq, d)
 			woke = true
 		}
 		r.consWait.Store(0)

@@ -199,6 +199,7 @@ type Mesh struct {
 	broken     error
 	gone       []error                   // per peer: closed in order
 	failed     map[uint64]*RemoteOpError // tags that a peer gave up
+	shmPeers   int                       // peers reached through shared memory
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
 
@@ -299,12 +300,12 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 		}
 		return nil, err
 	}
-	local := 1
 	for _, p := range m.peers {
 		if p != nil && p.pair != nil {
-			local++
+			m.shmPeers++
 		}
 	}
+	local := 1 + m.shmPeers
 	oversubscribed := local > runtime.NumCPU()
 	if m.cfg.PollSpin == 0 {
 		m.cfg.PollSpin = 50 * time.Microsecond
@@ -329,6 +330,86 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 		}
 	}
 	return m, nil
+}
+
+// OpPoll is an op's announcement, made with BeginOp, that its goroutine
+// will read its shared-memory messages itself (Req.Wait polls): while it
+// holds, peers do not wake this rank's ring readers, which would
+// otherwise race the op's goroutine for the frames and cost a thread
+// wake-up per message. Wait and Send release it while they block.
+type OpPoll struct {
+	m    *Mesh
+	held bool
+}
+
+type opPollKey struct{}
+
+// BeginOp makes the announcement for an op run on this goroutine with ctx
+// (under which the op must then call Send and Wait) and returns that
+// context. op is the caller's storage, so the announcement allocates only
+// the context. It does nothing when polling is off or no peer shares
+// memory.
+func (m *Mesh) BeginOp(ctx context.Context, op *OpPoll) context.Context {
+	if m.cfg.PollSpin < 0 || m.shmPeers == 0 {
+		return ctx
+	}
+	op.m = m
+	op.acquire()
+	return context.WithValue(ctx, opPollKey{}, op)
+}
+
+// EndOp ends BeginOp's announcement.
+func (m *Mesh) EndOp(op *OpPoll) {
+	if op.m != nil && op.held {
+		op.release()
+	}
+}
+
+func (op *OpPoll) acquire() {
+	op.held = true
+	for _, p := range op.m.peers {
+		if p != nil && p.pair != nil {
+			p.mapMu.RLock()
+			if !p.unmapped {
+				p.pair.In.BeginPoll()
+			}
+			p.mapMu.RUnlock()
+		}
+	}
+}
+
+func (op *OpPoll) release() {
+	op.held = false
+	for _, p := range op.m.peers {
+		if p != nil && p.pair != nil {
+			p.mapMu.RLock()
+			if !p.unmapped {
+				p.pair.In.EndPoll()
+			}
+			p.mapMu.RUnlock()
+		}
+	}
+}
+
+// relaxOp releases the op's announcement, if ctx carries a held one, for
+// as long as the caller blocks; it returns the op to re-acquire, or nil.
+func relaxOp(ctx context.Context) *OpPoll {
+	if op, ok := ctx.Value(opPollKey{}).(*OpPoll); ok && op.held {
+		op.release()
+		return op
+	}
+	return nil
+}
+
+// Blocking releases the op's announcement that ctx carries (BeginOp), if
+// any, while the caller blocks on something other than this mesh's Wait
+// and Send (which release it themselves); call the returned function when
+// it is done blocking.
+func Blocking(ctx context.Context) (resume func()) {
+	if op := relaxOp(ctx); op != nil {
+		return op.acquire
+	}
+	return func() {}
 }
 
 // PollSpin is the polling time in effect (Config.PollSpin, default filled
@@ -710,7 +791,15 @@ func (m *Mesh) writeShm(ctx context.Context, p *peer, kind byte, tag uint64, buf
 	binary.LittleEndian.PutUint32(h[4:], uint32(m.rank))
 	binary.LittleEndian.PutUint64(h[8:], tag)
 	binary.LittleEndian.PutUint64(h[16:], uint64(len(buf)))
-	if err := p.pair.Out.Write(ctx, h, buf, framePad(len(buf))); err != nil {
+	pad := framePad(len(buf))
+	if !p.pair.Out.Fits(hdrLen + len(buf) + pad) {
+		// The write will wait for the peer to make room: let this rank's
+		// reader take incoming frames meanwhile.
+		if op := relaxOp(ctx); op != nil {
+			defer op.acquire()
+		}
+	}
+	if err := p.pair.Out.Write(ctx, h, buf, pad); err != nil {
 		if errors.Is(err, shm.ErrClosed) {
 			return m.errOr(ErrClosed)
 		}
@@ -1369,6 +1458,9 @@ func (r *Req) Wait(ctx context.Context) error {
 	}
 	if r.spin() {
 		return r.release()
+	}
+	if op := relaxOp(ctx); op != nil {
+		defer op.acquire()
 	}
 	select {
 	case <-r.done:
