@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"encoding/json"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -311,5 +312,29 @@ func TestDumpAllSignalsPeers(t *testing.T) {
 			t.Fatal("rank 1 did not dump on rank 0's signal")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestCloseWhileMonitorRuns closes groups while the heartbeat monitor polls
+// every millisecond: Close once held the group lock while waiting for the
+// monitor, which needed that lock to list the groups.
+func TestCloseWhileMonitorRuns(t *testing.T) {
+	for range 100 {
+		pg, err := Init(context.Background(), Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "reccpu",
+			FlightRecorder: FlightRecorderOptions{Entries: -1}, Monitor: MonitorOptions{CoordCheck: time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+		done := make(chan error, 1)
+		go func() { done <- pg.Close(context.Background()) }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close deadlocked with the heartbeat monitor")
+		}
 	}
 }

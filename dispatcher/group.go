@@ -368,13 +368,16 @@ func (pg *ProcessGroup) Close(ctx context.Context) error {
 }
 
 func (pg *ProcessGroup) closeOne(ctx context.Context) error {
-	pg.mu.Lock()
-	defer pg.mu.Unlock()
 	pg.closed.Store(true)
-	if pg.released {
+	pg.mu.Lock()
+	already := pg.released
+	pg.released = true
+	pg.mu.Unlock()
+	if already {
 		return nil
 	}
-	pg.released = true
+	// Without pg.mu: the heartbeat monitor, which stopDaemons waits for,
+	// takes it to list the groups.
 	err := pg.closeBackends(ctx)
 	if pg == pg.root {
 		pg.stopDaemons()
