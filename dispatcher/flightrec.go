@@ -162,8 +162,6 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 	if !e.IsP2P {
 		e.CollectiveSeqID = info.Seq
 	}
-	e.InputSizes, e.InputDtypes = sizes(info.Inputs)
-	e.OutputSizes, e.OutputDtypes = sizes(info.Outputs)
 	if err != nil {
 		e.Error = err.Error()
 	}
@@ -174,18 +172,23 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 	if st := fr.status[info.Group]; st != nil && !e.IsP2P {
 		st.LastEnqueued = int64(info.Seq)
 	}
-	fe := frEntry{e: e, work: w}
-	if w != nil {
-		fr.pending++
-	}
+	var slot *frEntry
 	if len(fr.ring) < cap(fr.ring) {
-		fr.ring = append(fr.ring, fe)
+		fr.ring = append(fr.ring, frEntry{})
+		slot = &fr.ring[len(fr.ring)-1]
 	} else {
-		slot := &fr.ring[e.RecordID%uint64(cap(fr.ring))]
+		slot = &fr.ring[e.RecordID%uint64(cap(fr.ring))]
 		if slot.work != nil {
 			fr.pending--
 		}
-		*slot = fe
+	}
+	// The sizes go into the slot's own slices, reused from the entry it
+	// overwrites, so a full ring records without allocating.
+	e.InputSizes, e.InputDtypes = fillSizes(slot.e.InputSizes, slot.e.InputDtypes, info.Inputs)
+	e.OutputSizes, e.OutputDtypes = fillSizes(slot.e.OutputSizes, slot.e.OutputDtypes, info.Outputs)
+	slot.e, slot.work = e, w
+	if w != nil {
+		fr.pending++
 	}
 	fr.mu.Unlock()
 	if err != nil && !errors.Is(err, backend.ErrInvalidArgument) {
@@ -193,15 +196,40 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 	}
 }
 
-func sizes(ts []*tensor.Tensor) ([][]int, []string) {
-	s := make([][]int, len(ts))
-	d := make([]string, len(ts))
-	for i, t := range ts {
-		if t != nil {
-			s[i], d[i] = t.Shape(), t.DType().String()
+// fillSizes writes the shapes and dtypes of ts into dst and dts, reusing
+// their storage, inner slices included.
+func fillSizes(dst [][]int, dts []string, ts []*tensor.Tensor) ([][]int, []string) {
+	dst, dts = dst[:0], dts[:0]
+	for _, t := range ts {
+		var s []int
+		if len(dst) < cap(dst) {
+			s = dst[:len(dst)+1][len(dst)][:0]
 		}
+		if t != nil {
+			s = t.AppendShape(s)
+			dts = append(dts, t.DType().String())
+		} else {
+			dts = append(dts, "")
+		}
+		dst = append(dst, s)
 	}
-	return s, d
+	return dst, dts
+}
+
+// cloneEntry copies e with slices of its own, since the ring reuses its
+// slices for later entries.
+func cloneEntry(e frtrace.Entry) frtrace.Entry {
+	cp := func(ss [][]int) [][]int {
+		out := make([][]int, len(ss))
+		for i, s := range ss {
+			out[i] = append([]int{}, s...)
+		}
+		return out
+	}
+	e.InputSizes, e.OutputSizes = cp(e.InputSizes), cp(e.OutputSizes)
+	e.InputDtypes = append([]string{}, e.InputDtypes...)
+	e.OutputDtypes = append([]string{}, e.OutputDtypes...)
+	return e
 }
 
 // refresh retires completed works and notes started ones. It returns the
@@ -343,7 +371,7 @@ func (fr *FlightRecorder) Snapshot(reason string) frtrace.Dump {
 		start = int(fr.nextID % uint64(n))
 	}
 	for i := range n {
-		d.Entries = append(d.Entries, fr.ring[(start+i)%n].e)
+		d.Entries = append(d.Entries, cloneEntry(fr.ring[(start+i)%n].e))
 	}
 	return d
 }

@@ -138,6 +138,10 @@ func (t *Tensor) Device() Device { return t.device }
 // Shape returns a copy of the shape.
 func (t *Tensor) Shape() []int { return clone(t.shape) }
 
+// AppendShape appends the shape to dst and returns it; unlike Shape it
+// allocates nothing when dst has room, for recorders on the hot path.
+func (t *Tensor) AppendShape(dst []int) []int { return append(dst, t.shape...) }
+
 // Strides returns a copy of the strides, in elements.
 func (t *Tensor) Strides() []int { return clone(t.strides) }
 
