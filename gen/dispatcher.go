@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -131,8 +130,8 @@ func genDispatcher(s *Spec) ([]byte, error) {
 
 		f.Comment(op.Doc)
 		f.Comment("")
-		f.Comment(fmt.Sprintf("It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and"))
-		f.Comment(fmt.Sprintf("runs on the backend that serves the tensors' device. Errors are *backend.OpError."))
+		f.Comment("It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and")
+		f.Comment("runs on the backend that serves the tensors' device. Errors are *backend.OpError.")
 		f.Func().Params(Id("pg").Op("*").Id("ProcessGroup")).Id(op.GoName).Params(params...).Params(Qual(pkgBackend, "Work"), Error()).Block(body...)
 	}
 	return render(f)
