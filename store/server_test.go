@@ -572,13 +572,18 @@ func TestFileStoreProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, out := helper(t, "filestore", "FILE="+path)
+	cmd, out := helper(t, "filestore", "FILE="+path)
 	if v := must(s.Get(ctx, "from-child"))(t); string(v) != "C" {
 		t.Fatalf("from-child = %q", v)
 	}
 	_ = s.Set(ctx, "from-parent", []byte("P"))
 	if !out.Scan() || out.Text() != "GOT P <nil>" {
 		t.Fatalf("child: %q", out.Text())
+	}
+	// The child prints before it closes its handle: wait for it to exit,
+	// or its close may come after ours and the file outlive our check.
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
 	}
 	// Refcount: the child closed; the file stays until our last handle goes.
 	c := clone(t, s)
