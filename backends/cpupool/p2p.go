@@ -63,18 +63,20 @@ func (b *Backend) sendLoop(peer int, s *sender) {
 	}
 }
 
-// Send implements backend.Backend. The work completes once the data is
-// handed to the connection (Gloo's send semantics), not when the peer has
-// received it.
-func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, dst int, opts backend.SendOptions) (backend.Work, error) {
-	op := backend.OpSend
+// anyPeer is p2pBuffer's peer for RecvAnysource, which names none.
+const anyPeer = -1
+
+// p2pBuffer checks the arguments of a point-to-point op (the backend may be
+// called without the dispatcher's checks) and returns the tensor's host
+// buffer. peer is checked against the world, unless it is anyPeer.
+func (b *Backend) p2pBuffer(op backend.Op, m backend.Meta, tensors []*tensor.Tensor, peer int, badPeer string, tag int) ([]byte, error) {
 	if len(tensors) != 1 {
 		return nil, b.invalid(op, m, "requires a single-element tensor list")
 	}
-	if dst < 0 || dst >= b.cfg.WorldSize || dst == b.cfg.Rank {
-		return nil, b.invalid(op, m, "invalid destination rank")
+	if peer != anyPeer && (peer < 0 || peer >= b.cfg.WorldSize || peer == b.cfg.Rank) {
+		return nil, b.invalid(op, m, "%s", badPeer)
 	}
-	if opts.Tag < 0 {
+	if tag < 0 {
 		return nil, b.invalid(op, m, "tag must not be negative")
 	}
 	bufs, err := b.host(op, m, tensors...)
@@ -84,7 +86,18 @@ func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Te
 	if err := b.usable(op, m.Seq); err != nil {
 		return nil, err
 	}
-	buf := bufs[0]
+	return bufs[0], nil
+}
+
+// Send implements backend.Backend. The work completes once the data is
+// handed to the connection (Gloo's send semantics), not when the peer has
+// received it.
+func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, dst int, opts backend.SendOptions) (backend.Work, error) {
+	op := backend.OpSend
+	buf, err := b.p2pBuffer(op, m, tensors, dst, "invalid destination rank", opts.Tag)
+	if err != nil {
+		return nil, err
+	}
 	j := b.newJob(ctx, op, m, opts.Timeout, nil, nil)
 	j.tag, j.peer = p2pBit|uint64(opts.Tag), dst
 	j.run = func(ctx context.Context, tag uint64) error { return b.mesh.Send(ctx, dst, tag, buf) }
@@ -100,25 +113,13 @@ func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Te
 // caller's goroutine, so receives with one tag match in issue order.
 func (b *Backend) Recv(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, src int, opts backend.RecvOptions) (backend.Work, error) {
 	op := backend.OpRecv
-	if len(tensors) != 1 {
-		return nil, b.invalid(op, m, "requires a single-element tensor list")
-	}
-	if src < 0 || src >= b.cfg.WorldSize || src == b.cfg.Rank {
-		return nil, b.invalid(op, m, "invalid source rank")
-	}
-	if opts.Tag < 0 {
-		return nil, b.invalid(op, m, "tag must not be negative")
-	}
-	bufs, err := b.host(op, m, tensors...)
+	buf, err := b.p2pBuffer(op, m, tensors, src, "invalid source rank", opts.Tag)
 	if err != nil {
-		return nil, err
-	}
-	if err := b.usable(op, m.Seq); err != nil {
 		return nil, err
 	}
 	j := b.newJob(ctx, op, m, opts.Timeout, tensors, nil)
 	j.tag, j.peer = p2pBit|uint64(opts.Tag), src
-	req := b.mesh.Irecv(src, j.tag, bufs[0])
+	req := b.mesh.Irecv(src, j.tag, buf)
 	j.run = func(ctx context.Context, _ uint64) error { return req.Wait(ctx) }
 	b.track(j.w)
 	go b.runJob(j)
@@ -146,24 +147,15 @@ func (w *anyWork) SourceRank() (int, error) {
 // RecvAnysource implements backend.Backend.
 func (b *Backend) RecvAnysource(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.RecvAnysourceOptions) (backend.Work, error) {
 	op := backend.OpRecvAnysource
-	if len(tensors) != 1 {
-		return nil, b.invalid(op, m, "requires a single-element tensor list")
-	}
-	if opts.Tag < 0 {
-		return nil, b.invalid(op, m, "tag must not be negative")
-	}
-	bufs, err := b.host(op, m, tensors...)
+	buf, err := b.p2pBuffer(op, m, tensors, anyPeer, "", opts.Tag)
 	if err != nil {
-		return nil, err
-	}
-	if err := b.usable(op, m.Seq); err != nil {
 		return nil, err
 	}
 	j := b.newJob(ctx, op, m, opts.Timeout, tensors, nil)
 	j.tag = p2pBit | uint64(opts.Tag)
 	w := &anyWork{HostWork: j.w}
 	w.src.Store(-1)
-	var req *tcpmesh.Req = b.mesh.IrecvAny(j.tag, bufs[0])
+	var req *tcpmesh.Req = b.mesh.IrecvAny(j.tag, buf)
 	j.run = func(ctx context.Context, _ uint64) error {
 		src, err := req.WaitSource(ctx)
 		w.src.Store(int64(src))
