@@ -569,30 +569,44 @@ func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tens
 	})
 }
 
+// rootedBuffers checks and maps the tensors of gather (one input, and on
+// the root one list of world-size outputs) and of scatter (the mirror
+// image): one is this rank's single tensor, lists the root's list of lists.
+// It returns one's buffer as a one-element slice, and on the root the
+// buffers of lists[0], each of one's size.
+func (b *Backend) rootedBuffers(op backend.Op, m backend.Meta, one []*tensor.Tensor, lists [][]*tensor.Tensor, root bool, oneName, listName string) ([][]byte, [][]byte, error) {
+	if len(one) != 1 {
+		return nil, nil, b.invalid(op, m, "requires a single-element %s tensor list", oneName)
+	}
+	single, err := b.host(op, m, one...)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !root {
+		return single, nil, nil
+	}
+	if len(lists) != 1 || len(lists[0]) != b.cfg.WorldSize {
+		return nil, nil, b.invalid(op, m, "requires a single-element %s list of world_size tensors on the root", listName)
+	}
+	bufs, err := b.host(op, m, lists[0]...)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, x := range bufs {
+		if len(x) != len(single[0]) {
+			return nil, nil, b.invalid(op, m, "invalid tensor size")
+		}
+	}
+	return single, bufs, nil
+}
+
 // Gather implements backend.Backend.
 func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions) (backend.Work, error) {
 	op := backend.OpGather
-	if len(inputs) != 1 {
-		return nil, b.invalid(op, m, "requires a single-element input tensor list")
-	}
-	in, err := b.host(op, m, inputs...)
+	root := b.cfg.Rank == opts.RootRank
+	in, outs, err := b.rootedBuffers(op, m, inputs, outputs, root, "input", "output")
 	if err != nil {
 		return nil, err
-	}
-	root := b.cfg.Rank == opts.RootRank
-	var outs [][]byte
-	if root {
-		if len(outputs) != 1 || len(outputs[0]) != b.cfg.WorldSize {
-			return nil, b.invalid(op, m, "requires a single-element output list of world_size tensors on the root")
-		}
-		if outs, err = b.host(op, m, outputs[0]...); err != nil {
-			return nil, err
-		}
-		for _, o := range outs {
-			if len(o) != len(in[0]) {
-				return nil, b.invalid(op, m, "invalid tensor size")
-			}
-		}
 	}
 	var result []*tensor.Tensor
 	if root {
@@ -618,27 +632,10 @@ func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tenso
 // Scatter implements backend.Backend.
 func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions) (backend.Work, error) {
 	op := backend.OpScatter
-	if len(outputs) != 1 {
-		return nil, b.invalid(op, m, "requires a single-element output tensor list")
-	}
-	out, err := b.host(op, m, outputs...)
+	root := b.cfg.Rank == opts.RootRank
+	out, ins, err := b.rootedBuffers(op, m, outputs, inputs, root, "output", "input")
 	if err != nil {
 		return nil, err
-	}
-	root := b.cfg.Rank == opts.RootRank
-	var ins [][]byte
-	if root {
-		if len(inputs) != 1 || len(inputs[0]) != b.cfg.WorldSize {
-			return nil, b.invalid(op, m, "requires a single-element input list of world_size tensors on the root")
-		}
-		if ins, err = b.host(op, m, inputs[0]...); err != nil {
-			return nil, err
-		}
-		for _, x := range ins {
-			if len(x) != len(out[0]) {
-				return nil, b.invalid(op, m, "invalid tensor size")
-			}
-		}
 	}
 	return b.collective(ctx, op, m, opts.Timeout, outputs, func(ctx context.Context, tag uint64) error {
 		var all []byte
