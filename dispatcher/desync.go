@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/frtrace"
 )
 
 // ProgressInterval is how often a rank publishes its progress (the last
@@ -134,24 +135,10 @@ func (pg *ProcessGroup) Desync(ctx context.Context, op backend.Op, seq uint64) (
 			lasts = append(lasts, strconv.FormatInt(last[r], 10))
 		}
 		return never, fmt.Sprintf("%s never enqueued %s seq %d (last enqueued: %s); %s did",
-			rankWord(never), op, seq, strings.Join(lasts, ","), rankWord(did))
+			frtrace.RankList(never), op, seq, strings.Join(lasts, ","), frtrace.RankList(did))
 	}
 	if len(notDone) > 0 && len(notDone) < pg.size {
-		return notDone, fmt.Sprintf("every rank enqueued %s seq %d; %s had not completed it", op, seq, rankWord(notDone))
+		return notDone, fmt.Sprintf("every rank enqueued %s seq %d; %s had not completed it", op, seq, frtrace.RankList(notDone))
 	}
 	return nil, fmt.Sprintf("every rank enqueued %s seq %d", op, seq)
-}
-
-func rankWord(rs []int) string {
-	parts := make([]string, len(rs))
-	for i, r := range rs {
-		parts[i] = strconv.Itoa(r)
-	}
-	switch len(rs) {
-	case 0:
-		return "no rank"
-	case 1:
-		return "rank " + parts[0]
-	}
-	return "ranks " + strings.Join(parts, ",")
 }

@@ -179,7 +179,7 @@ func analyzeGroup(name string, cfg PGConfig, members []int, byRank map[int]*Dump
 		}
 		if len(missing) > 0 {
 			return mk(MissingRank, missing, have, fmt.Sprintf("%s never enqueued %s seq %d; %s did",
-				rankList(missing), ref.ProfilingName, seq, rankList(have))), checked
+				RankList(missing), ref.ProfilingName, seq, RankList(have))), checked
 		}
 		for _, check := range []struct {
 			kind string
@@ -191,7 +191,7 @@ func analyzeGroup(name string, cfg PGConfig, members []int, byRank map[int]*Dump
 			{StateMismatch, func(e *Entry) string { return doneState(e.State) }},
 		} {
 			if m := disagree(per, have, seq, check.key); m != nil {
-				return mk(check.kind, m.bad, m.good, fmt.Sprintf("%s has %s; %s %s", rankList(m.bad), m.badVal, rankList(m.good), m.goodVal)), checked
+				return mk(check.kind, m.bad, m.good, fmt.Sprintf("%s has %s; %s %s", RankList(m.bad), m.badVal, RankList(m.good), m.goodVal)), checked
 			}
 		}
 	}
@@ -256,12 +256,17 @@ func doneState(s string) string {
 	return "not completed"
 }
 
-func rankList(rs []int) string {
+// RankList names ranks as the reports do: "rank 1", "ranks 0,2,3", or
+// "no rank".
+func RankList(rs []int) string {
 	parts := make([]string, len(rs))
 	for i, r := range rs {
 		parts[i] = fmt.Sprint(r)
 	}
-	if len(rs) == 1 {
+	switch len(rs) {
+	case 0:
+		return "no rank"
+	case 1:
 		return "rank " + parts[0]
 	}
 	return "ranks " + strings.Join(parts, ",")
