@@ -70,7 +70,8 @@ type Store interface {
 	// Timeout returns the timeout of blocking calls.
 	Timeout() time.Duration
 	// Clone returns a new handle on the same data (for TCPStore a new
-	// connection), safe to use from another goroutine.
+	// client, with connections of its own), safe to use from another
+	// goroutine.
 	Clone() (Store, error)
 	// Close releases the handle.
 	Close() error

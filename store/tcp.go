@@ -97,9 +97,29 @@ func (o *ClientOptions) fill() error {
 	return nil
 }
 
+// maxIdleConns bounds the idle connections a TCPStore keeps for later
+// calls; one returned beyond it is closed. (An idle connection whose last
+// write awaits confirmation is kept beyond it until the next call confirms
+// that write.)
+const maxIdleConns = 4
+
 // TCPStore is a client of a TCPStore server (ours or PyTorch's). It is safe
-// for concurrent use; calls on one TCPStore share one connection and run one
-// at a time, as in PyTorch. Use Clone for a second connection.
+// for concurrent use. Where PyTorch's client runs every call on one
+// connection, one at a time, a TCPStore keeps a small pool of connections:
+// a call takes an idle one (or dials a new one) and gives it back when it
+// returns, so concurrent calls never wait behind each other. A blocked Get,
+// Wait or QueuePop occupies only its own connection, and other goroutines,
+// the one that will set the awaited key among them, carry on meanwhile. At
+// most maxIdleConns (4) idle connections are kept; a connection that fails
+// is closed, and a later call dials anew.
+//
+// Calls keep the order of a single connection: a call sees the effect of
+// every call of the same TCPStore that returned before it started, even of
+// a SET, which has no reply. (A call that finds such a write unconfirmed on
+// another connection first confirms it there with a GETNUMKEYS round trip,
+// or, when that connection is in a wait, by CANCEL_WAIT and WAIT again.)
+// Sequential calls from one goroutine run on one connection and send the
+// same bytes as PyTorch's client.
 //
 // User keys are sent with PyTorch's "/" prefix, so Go and PyTorch clients of
 // one server see the same keys.
@@ -109,11 +129,38 @@ type TCPStore struct {
 	timeout atomic.Int64
 	server  *TCPServer // owned, from NewTCPStore with IsMaster
 
-	mu     sync.Mutex
-	nc     net.Conn
-	br     *bufio.Reader
-	wbuf   []byte
-	closed bool
+	// life ends at Close; it stops dials and waits for other connections.
+	life context.Context
+	kill context.CancelFunc
+
+	mu       sync.Mutex
+	conns    map[*tcpConn]struct{} // every open connection, idle or in use
+	idle     []*tcpConn            // the idle ones, most recently used last
+	wseq     uint64                // numbers the reply-less writes (tcpConn.pending)
+	ndirty   int                   // connections with pending != 0
+	changed  chan struct{}         // closed and replaced, when watched, as a connection is given back, confirmed or dropped
+	watchers int                   // calls of acquire that watch changed
+	closed   bool
+}
+
+// tcpConn is one connection of a TCPStore.
+type tcpConn struct {
+	nc   net.Conn
+	br   *bufio.Reader
+	wbuf []byte
+
+	// Owned by the call that holds the connection.
+	dirty  bool // a reply-less request was sent and no reply has come since
+	broken bool // the connection's state is unknown: drop it when given back
+
+	// Guarded by TCPStore.mu.
+	idle bool
+	// pending is the wseq of the oldest reply-less write on the connection
+	// not yet followed by a reply, once given back; 0 when none.
+	pending uint64
+	// interrupt, set while the holder waits (WAIT) with pending writes,
+	// breaks that wait off so that the writes get confirmed.
+	interrupt func()
 }
 
 // DialTCPStore connects to the TCPStore server at addr ("host:port"),
@@ -127,19 +174,30 @@ func DialTCPStore(ctx context.Context, addr string, opts ClientOptions) (*TCPSto
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, fmt.Errorf("store: bad address %q: %w", addr, err)
 	}
-	c := &TCPStore{addr: addr, opts: opts}
+	c := &TCPStore{addr: addr, opts: opts, conns: map[*tcpConn]struct{}{}, changed: make(chan struct{})}
 	c.timeout.Store(int64(opts.Timeout))
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.connectLocked(ctx); err != nil {
+	c.life, c.kill = context.WithCancel(context.Background())
+	cn, err := c.connect(ctx)
+	if err != nil {
+		c.kill()
 		return nil, err
 	}
+	c.conns[cn] = struct{}{}
 	if opts.WorldSize > 0 && !opts.NoWaitForWorkers {
-		if _, err := c.addLocked(ctx, initKey, 1); err != nil {
-			c.closeConnLocked()
+		// The announcement is made once per TCPStore, on its first
+		// connection; connections dialled later do not repeat it.
+		start := time.Now()
+		k := initKey
+		code, _ := encodeOp(opts.Dialect, opAdd)
+		var n int64
+		if err := c.roundTrip(ctx, cn, opAdd, []string{k}, start, code,
+			func(b []byte) []byte { return appendI64(appendStr(b, k), 1) },
+			func(r *reader) error { return readI64(r, &n) }); err != nil {
+			_ = c.Close()
 			return nil, err
 		}
 	}
+	c.release(cn)
 	return c, nil
 }
 
@@ -211,33 +269,33 @@ func (c *TCPStore) deadline(ctx context.Context, start time.Time) time.Time {
 	return d
 }
 
-// connectLocked dials, authenticates and validates until the deadline.
-func (c *TCPStore) connectLocked(ctx context.Context) error {
+// connect dials, authenticates and validates a connection, retrying until
+// the deadline.
+func (c *TCPStore) connect(ctx context.Context) (*tcpConn, error) {
 	start := time.Now()
 	deadline := c.deadline(ctx, start)
 	delay := c.opts.Backoff.Initial
 	var lastErr error
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
-			return c.errorf(opInvalid, nil, start, "connect cancelled after %d attempts (last error: %v): %w", attempt-1, lastErr, err)
+			return nil, c.errorf(opInvalid, nil, start, "connect cancelled after %d attempts (last error: %v): %w", attempt-1, lastErr, err)
 		}
 		nc, err := c.dialOnce(ctx, deadline)
 		if err == nil {
-			c.nc, c.br = nc, bufio.NewReaderSize(nc, 16<<10)
-			return nil
+			return &tcpConn{nc: nc, br: bufio.NewReaderSize(nc, 16<<10)}, nil
 		}
 		lastErr = err
 		if errors.Is(err, ErrAuth) {
-			return c.errorf(opInvalid, nil, start, "connect: %w", err)
+			return nil, c.errorf(opInvalid, nil, start, "connect: %w", err)
 		}
 		jit := 1 + c.opts.Backoff.Jitter*(2*rand.Float64()-1)
 		sleep := time.Duration(float64(delay) * jit)
 		delay = min(time.Duration(float64(delay)*c.opts.Backoff.Multiplier), c.opts.Backoff.Max)
 		if time.Now().Add(sleep).After(deadline) {
 			if ctx.Err() != nil {
-				return c.errorf(opInvalid, nil, start, "connect failed after %d attempts (last error: %v): %w: %w", attempt, lastErr, ErrTimeout, ctx.Err())
+				return nil, c.errorf(opInvalid, nil, start, "connect failed after %d attempts (last error: %v): %w: %w", attempt, lastErr, ErrTimeout, ctx.Err())
 			}
-			return c.errorf(opInvalid, nil, start, "connect timed out after %d attempts (last error: %v): %w", attempt, lastErr, ErrTimeout)
+			return nil, c.errorf(opInvalid, nil, start, "connect timed out after %d attempts (last error: %v): %w", attempt, lastErr, ErrTimeout)
 		}
 		t := time.NewTimer(sleep)
 		select {
@@ -310,52 +368,304 @@ func (c *TCPStore) errorf(o op, keys []string, start time.Time, format string, a
 	return fmt.Errorf(sb.String()+format, args...)
 }
 
-// call runs one exchange on the connection: it (re)connects when needed,
-// sends req and runs read, all within the call's deadline. Any failure
-// drops the connection, whose state is then unknown; the next call
-// reconnects.
+// call runs one request on a connection of the pool and reads its reply
+// (none when read is nil), within the call's deadline.
 func (c *TCPStore) call(ctx context.Context, o op, keys []string, build func([]byte) []byte, read func(*reader) error) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.callLocked(ctx, o, keys, build, read)
+	start := time.Now()
+	code, err := c.encode(o, keys, start)
+	if err != nil {
+		return err
+	}
+	return c.with(ctx, o, keys, start, false, func(cn *tcpConn) error {
+		return c.roundTrip(ctx, cn, o, keys, start, code, build, read)
+	})
 }
 
-func (c *TCPStore) callLocked(ctx context.Context, o op, keys []string, build func([]byte) []byte, read func(*reader) error) error {
-	start := time.Now()
-	if c.closed {
-		return c.errorf(o, keys, start, "%w", ErrClosed)
+// encode returns the code of o, or the error of a closed store or of a
+// dialect without o.
+func (c *TCPStore) encode(o op, keys []string, start time.Time) (byte, error) {
+	if c.isClosed() {
+		return 0, c.errorf(o, keys, start, "%w", ErrClosed)
 	}
 	code, ok := encodeOp(c.opts.Dialect, o)
 	if !ok {
-		return c.errorf(o, keys, start, "%w: the %s dialect has no %s", ErrUnsupported, c.opts.Dialect, o)
+		return 0, c.errorf(o, keys, start, "%w: the %s dialect has no %s", ErrUnsupported, c.opts.Dialect, o)
 	}
-	if c.nc == nil {
-		if err := c.connectLocked(ctx); err != nil {
+	return code, nil
+}
+
+func (c *TCPStore) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// with runs fn on a connection taken from the pool, then gives it back.
+// blocking says that fn starts with a WAIT.
+func (c *TCPStore) with(ctx context.Context, o op, keys []string, start time.Time, blocking bool, fn func(*tcpConn) error) error {
+	cn, err := c.acquire(ctx, o, keys, start)
+	if err != nil {
+		return err
+	}
+	defer c.release(cn)
+	if blocking && cn.dirty && c.opts.Dialect == DialectV1 {
+		// The 1.x protocol cannot break a wait off (it has no
+		// CANCEL_WAIT), so the connection's pending writes are confirmed
+		// before it waits.
+		if err := c.confirm(ctx, cn, o, keys, start); err != nil {
 			return err
 		}
 	}
-	deadline := c.deadline(ctx, start)
-	_ = c.nc.SetDeadline(deadline)
-	stop := interruptOnDone(ctx, c.nc)
-	c.wbuf = build(append(c.wbuf[:0], code))
-	_, err := c.nc.Write(c.wbuf)
+	return fn(cn)
+}
+
+// confirm runs a GETNUMKEYS round trip on cn: its reply confirms that the
+// server has applied the requests sent before it.
+func (c *TCPStore) confirm(ctx context.Context, cn *tcpConn, o op, keys []string, start time.Time) error {
+	code, _ := encodeOp(c.opts.Dialect, opNumKeys)
+	var n int64
+	return c.roundTrip(ctx, cn, o, keys, start, code, func(b []byte) []byte { return b },
+		func(r *reader) error { return readI64(r, &n) })
+}
+
+// roundTrip sends one request on cn and reads its reply (none when read is
+// nil), all before the call's deadline. A failure marks cn broken: its
+// state is unknown, and it is dropped when given back.
+func (c *TCPStore) roundTrip(ctx context.Context, cn *tcpConn, o op, keys []string, start time.Time, code byte, build func([]byte) []byte, read func(*reader) error) error {
+	_ = cn.nc.SetDeadline(c.deadline(ctx, start))
+	stop := interruptOnDone(ctx, cn.nc)
+	cn.wbuf = build(append(cn.wbuf[:0], code))
+	_, err := cn.nc.Write(cn.wbuf)
 	if err == nil && read != nil {
-		err = read(&reader{r: c.br})
+		err = read(&reader{r: cn.br})
 	}
 	stopped := stop()
 	if err == nil && stopped {
+		if read == nil {
+			cn.dirty = true
+		} else {
+			c.confirmed(cn)
+		}
 		return nil
 	}
 	if err == nil {
 		err = ctx.Err()
 	}
-	c.closeConnLocked()
+	cn.broken = true
 	return c.wrapIOErr(ctx, o, keys, start, err)
+}
+
+// acquire takes a connection for a call that started at start: an idle one
+// or, when none is idle, a new one. Before, it makes sure that the server
+// has applied every reply-less write (SET and the like) given back before
+// the call started, so that calls keep the order of one connection: such a
+// write on the connection it takes is ordered by the connection itself;
+// one on another idle connection is confirmed there with a round trip; one
+// on a connection in use is waited for (that call reads a reply soon, or,
+// if it waits, is made to cancel its wait, which confirms the writes).
+func (c *TCPStore) acquire(ctx context.Context, o op, keys []string, start time.Time) (*tcpConn, error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	c.mu.Lock()
+	target := c.wseq
+	for {
+		if c.closed {
+			c.mu.Unlock()
+			return nil, c.errorf(o, keys, start, "%w", ErrClosed)
+		}
+		var unconfirmed []*tcpConn
+		if c.ndirty > 0 {
+			for cn := range c.conns {
+				if cn.pending != 0 && cn.pending <= target {
+					unconfirmed = append(unconfirmed, cn)
+				}
+			}
+		}
+		if len(unconfirmed) == 0 || len(unconfirmed) == 1 && unconfirmed[0].idle {
+			var cn *tcpConn
+			switch {
+			case len(unconfirmed) == 1:
+				cn = unconfirmed[0]
+			case len(c.idle) > 0:
+				cn = c.idle[len(c.idle)-1]
+			}
+			if cn == nil {
+				c.mu.Unlock()
+				return c.dial(ctx, o, keys, start)
+			}
+			c.takeLocked(cn)
+			c.mu.Unlock()
+			return cn, nil
+		}
+		var idle *tcpConn
+		for _, cn := range unconfirmed {
+			if cn.idle {
+				idle = cn
+				break
+			}
+			if cn.interrupt != nil {
+				cn.interrupt()
+			}
+		}
+		if idle != nil {
+			c.takeLocked(idle)
+			c.mu.Unlock()
+			err := c.confirm(ctx, idle, o, keys, start)
+			c.release(idle)
+			// A connection that failed is dropped, and its writes with it,
+			// as when the only connection fails; only the call's own end
+			// stops it.
+			if err != nil && (ctx.Err() != nil || errors.Is(err, ErrTimeout)) {
+				return nil, err
+			}
+			c.mu.Lock()
+			continue
+		}
+		ch := c.changed
+		c.watchers++
+		c.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(time.Until(c.deadline(ctx, start)))
+		}
+		var err error
+		select {
+		case <-ch:
+		case <-c.life.Done():
+		case <-ctx.Done():
+			err = c.wrapIOErr(ctx, o, keys, start, ctx.Err())
+		case <-timer.C:
+			if ctxDeadlineFirst(ctx, c.deadline(ctx, start)) {
+				err = c.errorf(o, keys, start, "%w: %w", ErrTimeout, context.DeadlineExceeded)
+			} else {
+				err = c.errorf(o, keys, start, "%w after the store timeout %v, waiting for the writes of another connection to be confirmed", ErrTimeout, c.Timeout())
+			}
+		}
+		c.mu.Lock()
+		c.watchers--
+		if err != nil {
+			c.mu.Unlock()
+			return nil, err
+		}
+	}
+}
+
+// dial connects a new connection for the pool; Close stops it.
+func (c *TCPStore) dial(ctx context.Context, o op, keys []string, start time.Time) (*tcpConn, error) {
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(c.life, cancel)()
+	cn, err := c.connect(dctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		if cn != nil {
+			_ = cn.nc.Close()
+		}
+		return nil, c.errorf(o, keys, start, "%w", ErrClosed)
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.conns[cn] = struct{}{}
+	return cn, nil
+}
+
+// takeLocked takes cn, idle or not yet confirmed, for a call.
+func (c *TCPStore) takeLocked(cn *tcpConn) {
+	if cn.idle {
+		cn.idle = false
+		c.idle = slices.DeleteFunc(c.idle, func(x *tcpConn) bool { return x == cn })
+	}
+	cn.dirty = cn.pending != 0
+	cn.broken = false
+}
+
+// release gives cn back: it becomes idle, or is closed when broken, when
+// the store is closed, or when maxIdleConns confirmed connections are idle
+// already.
+func (c *TCPStore) release(cn *tcpConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cn.broken || c.closed {
+		c.dropLocked(cn)
+		return
+	}
+	if cn.dirty && cn.pending == 0 {
+		c.wseq++
+		cn.pending = c.wseq
+		c.ndirty++
+	}
+	cn.idle = true
+	c.idle = append(c.idle, cn)
+	for len(c.idle) > maxIdleConns {
+		// Close the least recently used of the confirmed ones; one with
+		// unconfirmed writes stays until a call confirms them.
+		i := slices.IndexFunc(c.idle, func(x *tcpConn) bool { return x.pending == 0 })
+		if i < 0 {
+			break
+		}
+		c.dropLocked(c.idle[i])
+	}
+	c.notifyLocked()
+}
+
+// dropLocked closes cn and forgets it.
+func (c *TCPStore) dropLocked(cn *tcpConn) {
+	_ = cn.nc.Close()
+	if _, ok := c.conns[cn]; ok {
+		delete(c.conns, cn)
+		if cn.pending != 0 {
+			c.ndirty--
+		}
+	}
+	cn.pending = 0
+	if cn.idle {
+		cn.idle = false
+		c.idle = slices.DeleteFunc(c.idle, func(x *tcpConn) bool { return x == cn })
+	}
+	c.notifyLocked()
+}
+
+// confirmed notes that a reply came on cn after its reply-less writes.
+func (c *TCPStore) confirmed(cn *tcpConn) {
+	if !cn.dirty {
+		return
+	}
+	cn.dirty = false
+	c.mu.Lock()
+	if cn.pending != 0 {
+		cn.pending = 0
+		c.ndirty--
+		c.notifyLocked()
+	}
+	c.mu.Unlock()
+}
+
+// notifyLocked wakes the calls of acquire that wait for a change.
+func (c *TCPStore) notifyLocked() {
+	if c.watchers > 0 {
+		close(c.changed)
+		c.changed = make(chan struct{})
+	}
+}
+
+// poolSize returns the number of open connections and of idle ones (for
+// tests).
+func (c *TCPStore) poolSize() (open, idle int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.conns), len(c.idle)
 }
 
 func (c *TCPStore) wrapIOErr(ctx context.Context, o op, keys []string, start time.Time, err error) error {
 	var ne net.Error
 	switch {
+	case c.isClosed():
+		return c.errorf(o, keys, start, "the client was closed during the call: %w", ErrClosed)
 	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return c.errorf(o, keys, start, "%w: %w", ErrTimeout, ctx.Err())
 	case ctx.Err() != nil:
@@ -399,102 +709,115 @@ func ctxDeadlineFirst(ctx context.Context, deadline time.Time) bool {
 	return ok && !d.After(deadline)
 }
 
-func (c *TCPStore) closeConnLocked() {
-	if c.nc != nil {
-		_ = c.nc.Close()
-		c.nc, c.br = nil, nil
-	}
-}
-
-// waitLocked sends WAIT for raw keys and waits for STOP_WAITING until the
-// deadline; on timeout it cancels the wait with CANCEL_WAIT (DialectV2) or
-// drops the connection (DialectV1, which has no cancel).
-func (c *TCPStore) waitLocked(ctx context.Context, start time.Time, keys []string) error {
-	if c.closed {
-		return c.errorf(opWait, keys, start, "%w", ErrClosed)
-	}
-	if c.nc == nil {
-		if err := c.connectLocked(ctx); err != nil {
-			return err
-		}
-	}
+// waitOn sends WAIT for raw keys on cn and waits for STOP_WAITING until the
+// call's deadline; on timeout it cancels the wait with CANCEL_WAIT
+// (DialectV2), or drops the connection (DialectV1, which has no cancel).
+// While writes sent before it on cn are unconfirmed, another call may
+// break the wait off to have them confirmed: the wait is cancelled (whose
+// reply confirms them) and sent again.
+func (c *TCPStore) waitOn(ctx context.Context, cn *tcpConn, start time.Time, keys []string) error {
 	code, _ := encodeOp(c.opts.Dialect, opWait)
-	b := appendU64(append(c.wbuf[:0], code), uint64(len(keys)))
-	for _, k := range keys {
-		b = appendStr(b, k)
-	}
-	c.wbuf = b
 	deadline := c.deadline(ctx, start)
-	_ = c.nc.SetDeadline(deadline)
-	stop := interruptOnDone(ctx, c.nc)
-	_, err := c.nc.Write(b)
-	var r byte
-	if err == nil {
-		r, err = c.br.ReadByte()
-	}
-	stopped := stop()
-	if err == nil && stopped {
-		if r != replyStopWait {
-			c.closeConnLocked()
-			return c.errorf(opWait, keys, start, "%w: WAIT reply %d, want STOP_WAITING", errMalformed, r)
+	for {
+		wctx, breakOff := ctx, context.CancelFunc(nil)
+		if cn.dirty && c.opts.Dialect == DialectV2 {
+			wctx, breakOff = context.WithCancel(ctx)
+			c.mu.Lock()
+			cn.interrupt = breakOff
+			c.notifyLocked()
+			c.mu.Unlock()
 		}
-		return nil
-	}
-	if err == nil {
-		// The reply came, but ctx was cancelled meanwhile: honour the reply.
-		if r == replyStopWait {
+		b := appendU64(append(cn.wbuf[:0], code), uint64(len(keys)))
+		for _, k := range keys {
+			b = appendStr(b, k)
+		}
+		cn.wbuf = b
+		_ = cn.nc.SetDeadline(deadline)
+		stop := interruptOnDone(wctx, cn.nc)
+		_, err := cn.nc.Write(b)
+		var r byte
+		if err == nil {
+			r, err = cn.br.ReadByte()
+		}
+		stop()
+		brokenOff := false
+		if breakOff != nil {
+			c.mu.Lock()
+			cn.interrupt = nil
+			c.mu.Unlock()
+			brokenOff = wctx.Err() != nil && ctx.Err() == nil
+			breakOff()
+		}
+		if err == nil {
+			// A reply, even one that came as ctx ended: honour it.
+			if r != replyStopWait {
+				cn.broken = true
+				return c.errorf(opWait, keys, start, "%w: WAIT reply %d, want STOP_WAITING", errMalformed, r)
+			}
+			c.confirmed(cn)
 			return nil
 		}
-		err = ctx.Err()
+		var ne net.Error
+		timedOut := errors.As(err, &ne) && ne.Timeout()
+		if brokenOff && timedOut && time.Now().Before(deadline) {
+			woken, cerr := c.cancelWait(cn)
+			if cerr != nil {
+				cn.broken = true
+				return c.wrapIOErr(ctx, opWait, keys, start, cerr)
+			}
+			c.confirmed(cn)
+			if woken {
+				return nil
+			}
+			continue
+		}
+		if !timedOut && ctx.Err() == nil {
+			cn.broken = true
+			return c.wrapIOErr(ctx, opWait, keys, start, err)
+		}
+		elapsed := time.Since(start)
+		if c.opts.Dialect == DialectV2 {
+			if _, cerr := c.cancelWait(cn); cerr == nil {
+				c.confirmed(cn)
+			} else {
+				cn.broken = true
+			}
+		} else {
+			cn.broken = true
+		}
+		msg := fmt.Sprintf("wait timeout after %dms, keys: %s", elapsed.Milliseconds(), strings.Join(keys, ", "))
+		switch {
+		case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+			return c.errorf(opWait, keys, start, "%s: %w", msg, ctx.Err())
+		case ctxDeadlineFirst(ctx, deadline):
+			return c.errorf(opWait, keys, start, "%s: %w: %w", msg, ErrTimeout, context.DeadlineExceeded)
+		}
+		return c.errorf(opWait, keys, start, "%s: %w", msg, ErrTimeout)
 	}
-	var ne net.Error
-	timedOut := (errors.As(err, &ne) && ne.Timeout()) || ctx.Err() != nil
-	if !timedOut {
-		c.closeConnLocked()
-		return c.wrapIOErr(ctx, opWait, keys, start, err)
-	}
-	elapsed := time.Since(start)
-	if c.opts.Dialect == DialectV2 && c.cancelWaitLocked() == nil {
-		// connection still usable
-	} else {
-		c.closeConnLocked()
-	}
-	msg := fmt.Sprintf("wait timeout after %dms, keys: %s", elapsed.Milliseconds(), strings.Join(keys, ", "))
-	switch {
-	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return c.errorf(opWait, keys, start, "%s: %w", msg, ctx.Err())
-	case ctxDeadlineFirst(ctx, deadline):
-		return c.errorf(opWait, keys, start, "%s: %w: %w", msg, ErrTimeout, context.DeadlineExceeded)
-	}
-	return c.errorf(opWait, keys, start, "%s: %w", msg, ErrTimeout)
 }
 
-// cancelWaitLocked sends CANCEL_WAIT and reads its reply, after a possible
-// STOP_WAITING that crossed it.
-func (c *TCPStore) cancelWaitLocked() error {
-	_ = c.nc.SetDeadline(time.Now().Add(c.opts.CancelTimeout))
-	defer func() {
-		if c.nc != nil {
-			_ = c.nc.SetDeadline(time.Time{})
-		}
-	}()
+// cancelWait sends CANCEL_WAIT on cn and reads its reply, after a possible
+// STOP_WAITING that crossed it (woken).
+func (c *TCPStore) cancelWait(cn *tcpConn) (woken bool, err error) {
+	_ = cn.nc.SetDeadline(time.Now().Add(c.opts.CancelTimeout))
 	code, _ := encodeOp(DialectV2, opCancelWait)
-	if _, err := c.nc.Write([]byte{code}); err != nil {
-		return err
+	if _, err := cn.nc.Write([]byte{code}); err != nil {
+		return false, err
 	}
-	r, err := c.br.ReadByte()
+	r, err := cn.br.ReadByte()
 	if err != nil {
-		return err
+		return false, err
 	}
 	if r == replyStopWait {
-		if r, err = c.br.ReadByte(); err != nil {
-			return err
+		woken = true
+		if r, err = cn.br.ReadByte(); err != nil {
+			return woken, err
 		}
 	}
 	if r != replyWaitCancel {
-		return fmt.Errorf("%w: CANCEL_WAIT reply %d", errMalformed, r)
+		return woken, fmt.Errorf("%w: CANCEL_WAIT reply %d", errMalformed, r)
 	}
-	return nil
+	return woken, nil
 }
 
 func wireKey(k string) string { return keyPrefix + k }
@@ -531,28 +854,31 @@ func (c *TCPStore) Get(ctx context.Context, key string) ([]byte, error) {
 }
 
 func (c *TCPStore) getRaw(ctx context.Context, k string) ([]byte, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	start := time.Now()
-	if err := c.waitLocked(ctx, start, []string{k}); err != nil {
+	keys := []string{k}
+	code, err := c.encode(opGet, keys, start)
+	if err != nil {
 		return nil, err
 	}
 	var v []byte
-	err := c.callLocked(ctx, opGet, []string{k}, func(b []byte) []byte { return appendStr(b, k) },
-		func(r *reader) error { return readValue(r, &v) })
-	return v, err
+	err = c.with(ctx, opGet, keys, start, true, func(cn *tcpConn) error {
+		if err := c.waitOn(ctx, cn, start, keys); err != nil {
+			return err
+		}
+		return c.roundTrip(ctx, cn, opGet, keys, start, code, func(b []byte) []byte { return appendStr(b, k) },
+			func(r *reader) error { return readValue(r, &v) })
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
 }
 
 // Add implements Store.
 func (c *TCPStore) Add(ctx context.Context, key string, delta int64) (int64, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.addLocked(ctx, wireKey(key), delta)
-}
-
-func (c *TCPStore) addLocked(ctx context.Context, k string, delta int64) (int64, error) {
+	k := wireKey(key)
 	var n int64
-	err := c.callLocked(ctx, opAdd, []string{k}, func(b []byte) []byte { return appendI64(appendStr(b, k), delta) },
+	err := c.call(ctx, opAdd, []string{k}, func(b []byte) []byte { return appendI64(appendStr(b, k), delta) },
 		func(r *reader) error { return readI64(r, &n) })
 	return n, err
 }
@@ -590,9 +916,14 @@ func (c *TCPStore) Check(ctx context.Context, keys ...string) (bool, error) {
 // Wait implements Store. On timeout it cancels the server-side wait, so
 // the client stays usable.
 func (c *TCPStore) Wait(ctx context.Context, keys ...string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.waitLocked(ctx, time.Now(), wireKeys(keys))
+	start := time.Now()
+	wk := wireKeys(keys)
+	if _, err := c.encode(opWait, wk, start); err != nil {
+		return err
+	}
+	return c.with(ctx, opWait, wk, start, true, func(cn *tcpConn) error {
+		return c.waitOn(ctx, cn, start, wk)
+	})
 }
 
 // DeleteKey implements Store.
@@ -657,26 +988,30 @@ func (c *TCPStore) MultiGet(ctx context.Context, keys []string) ([][]byte, error
 		return out, nil
 	}
 	wk := wireKeys(keys)
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	start := time.Now()
-	if err := c.waitLocked(ctx, start, wk); err != nil {
+	code, err := c.encode(opMultiGet, wk, start)
+	if err != nil {
 		return nil, err
 	}
 	out := make([][]byte, len(keys))
-	err := c.callLocked(ctx, opMultiGet, wk, func(b []byte) []byte {
-		b = appendU64(b, uint64(len(wk)))
-		for _, k := range wk {
-			b = appendStr(b, k)
+	err = c.with(ctx, opMultiGet, wk, start, true, func(cn *tcpConn) error {
+		if err := c.waitOn(ctx, cn, start, wk); err != nil {
+			return err
 		}
-		return b
-	}, func(r *reader) error {
-		for i := range out {
-			if err := readValue(r, &out[i]); err != nil {
-				return err
+		return c.roundTrip(ctx, cn, opMultiGet, wk, start, code, func(b []byte) []byte {
+			b = appendU64(b, uint64(len(wk)))
+			for _, k := range wk {
+				b = appendStr(b, k)
 			}
-		}
-		return nil
+			return b
+		}, func(r *reader) error {
+			for i := range out {
+				if err := readValue(r, &out[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, err
@@ -718,34 +1053,40 @@ func (c *TCPStore) QueuePush(ctx context.Context, key string, value []byte) erro
 // and waits again if another client took the item first.
 func (c *TCPStore) QueuePop(ctx context.Context, key string, block bool) ([]byte, error) {
 	k := wireKey(key)
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	keys := []string{k}
 	start := time.Now()
-	for {
-		if block {
-			if err := c.waitLocked(ctx, start, []string{k}); err != nil {
-				return nil, err
-			}
-		}
-		var n int64
-		var v []byte
-		err := c.callLocked(ctx, opQueuePop, []string{k}, func(b []byte) []byte { return appendStr(b, k) },
-			func(r *reader) error {
-				if err := readI64(r, &n); err != nil || n <= 0 {
+	code, err := c.encode(opQueuePop, keys, start)
+	if err != nil {
+		return nil, err
+	}
+	var v []byte
+	err = c.with(ctx, opQueuePop, keys, start, block, func(cn *tcpConn) error {
+		for {
+			if block {
+				if err := c.waitOn(ctx, cn, start, keys); err != nil {
 					return err
 				}
-				return readValue(r, &v)
-			})
-		if err != nil {
-			return nil, err
+			}
+			var n int64
+			err := c.roundTrip(ctx, cn, opQueuePop, keys, start, code, func(b []byte) []byte { return appendStr(b, k) },
+				func(r *reader) error {
+					if err := readI64(r, &n); err != nil || n <= 0 {
+						return err
+					}
+					return readValue(r, &v)
+				})
+			if err != nil || n > 0 {
+				return err
+			}
+			if !block {
+				return c.errorf(opQueuePop, keys, start, "%w", ErrQueueEmpty)
+			}
 		}
-		if n > 0 {
-			return v, nil
-		}
-		if !block {
-			return nil, c.errorf(opQueuePop, []string{k}, start, "%w", ErrQueueEmpty)
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
+	return v, nil
 }
 
 // QueueLen implements Store.
@@ -790,8 +1131,9 @@ func (c *TCPStore) SetTimeout(d time.Duration) { c.timeout.Store(int64(d)) }
 // Timeout implements Store.
 func (c *TCPStore) Timeout() time.Duration { return time.Duration(c.timeout.Load()) }
 
-// Clone implements Store: a new connection to the same server, with the
-// same options and timeout, that does not announce itself under "init/".
+// Clone implements Store: an independent TCPStore (its own connections) on
+// the same server, with the same options and timeout, that does not
+// announce itself under "init/".
 func (c *TCPStore) Clone() (Store, error) {
 	o := c.opts
 	o.Timeout = c.Timeout()
@@ -829,12 +1171,21 @@ func (c *TCPStore) WaitForWorkers(ctx context.Context, n int) error {
 	}
 }
 
-// Close implements Store: it closes the connection and, for a master from
+// Close implements Store: it closes every connection, idle or in use, so
+// that calls in flight fail at once with ErrClosed, and, for a master from
 // NewTCPStore, the server.
 func (c *TCPStore) Close() error {
 	c.mu.Lock()
-	c.closed = true
-	c.closeConnLocked()
+	if !c.closed {
+		c.closed = true
+		c.kill()
+		for cn := range c.conns {
+			_ = cn.nc.Close()
+		}
+		clear(c.conns)
+		c.idle, c.ndirty = nil, 0
+		c.notifyLocked()
+	}
 	c.mu.Unlock()
 	if c.server != nil {
 		return c.server.Close()
