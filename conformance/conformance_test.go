@@ -14,6 +14,7 @@ import (
 const envRank = "GOCOLL_CONFTEST_TEST_RANK"
 
 func TestMain(m *testing.M) {
+	conformance.RunChild() // a failure spec's child process: runs and exits
 	if os.Getenv(envRank) == "1" {
 		conformance.Main(conformance.RankConfig{
 			Backend:        "cpupool",

@@ -40,6 +40,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -133,6 +134,8 @@ type Backend struct {
 	outstanding []backend.Work
 	stopped     error // set by Close (ErrClosed) or Abort
 	senders     []*sender
+
+	dumped atomic.Bool // the flight recorder was dumped for a timeout
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -677,12 +680,37 @@ func (b *Backend) wrap(j *job, err error) error {
 		if len(e.Ranks) > 0 {
 			e.Detail = "ranks that never joined (found by asking each peer how many collectives it issued)"
 		}
+		b.explainTimeout(e, j.op)
 	case j.ctx != nil && errors.Is(j.ctx.Err(), context.Canceled):
 		e.Kind = backend.ErrAborted
 	default:
 		e.Kind = backend.ErrRemote
 	}
 	return e
+}
+
+// explainTimeout adds the dispatcher's desync report to a collective that
+// ran out of time (the store knows what each rank enqueued and completed),
+// keeping the ranks the peers' answers named, and dumps
+// every rank's flight recorder once per backend, as the nccl watchdog does:
+// the first timeout is the one worth a dump.
+func (b *Backend) explainTimeout(e *backend.OpError, op backend.Op) {
+	if b.cfg.Desync != nil && e.Seq > 0 && op.Info().Kind != backend.P2P {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		late, sentence := b.cfg.Desync(ctx, op, e.Seq)
+		cancel()
+		if len(e.Ranks) == 0 {
+			e.Ranks = late
+		}
+		if sentence != "" {
+			e.Detail = strings.TrimSuffix(sentence+"; "+e.Detail, "; ")
+		}
+	}
+	if b.cfg.DumpAll != nil && b.dumped.CompareAndSwap(false, true) {
+		if path := b.cfg.DumpAll(e.Error()); path != "" {
+			e.Detail += "; flight recorder dump: " + path
+		}
+	}
 }
 
 // lateRanks asks every peer how many collectives it has issued; those that

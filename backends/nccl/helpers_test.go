@@ -178,19 +178,6 @@ func expect(got []float64, want func(i int) float64) error {
 	return nil
 }
 
-// gateHold closes a new gate on s; the returned open func must be deferred.
-func gateHold(d *cuda.Device, s *cuda.Stream) (*cuda.Gate, error) {
-	g, err := d.NewGate()
-	if err != nil {
-		return nil, err
-	}
-	if err := g.Hold(s); err != nil {
-		g.Open()
-		return nil, err
-	}
-	return g, nil
-}
-
 // pinnedF32 reads float32 i of pinned memory.
 func pinnedF32(h *cuda.HostBuffer, i int) float64 {
 	t, _ := tensor.FromBytes(tensor.Float32, h.Bytes()[4*i:4*i+4], 1)

@@ -27,6 +27,7 @@ import (
 )
 
 func main() {
+	conformance.RunChild() // a failure spec's child process: runs and exits
 	args := os.Args[1:]
 	cmd := "run"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
