@@ -155,6 +155,8 @@ func runChild(cfg childConfig) error {
 		return e.kill()
 	case cfg.Scenario == "remote":
 		return e.remote()
+	case cfg.Scenario == "abort":
+		return e.abort()
 	case cfg.Scenario == "heartbeat":
 		time.Sleep(15 * time.Second) // the monitor ends the process first
 		result("survived", true)
@@ -295,6 +297,33 @@ func (e *childEnv) kill() error {
 	resultErr("err", err)
 	_, err = e.allreduce(childOKTimeout)
 	resultErr("next", err)
+	return nil
+}
+
+// abort: rank 0 aborts its group while an allreduce waits for rank 1,
+// which never issues it. The abort must not wait for the peer.
+func (e *childEnv) abort() error {
+	if e.cfg.Rank != 0 {
+		time.Sleep(3 * time.Second)
+		return nil
+	}
+	w, err := e.pg.Allreduce(e.ctx, []*tensor.Tensor{e.x}, backend.AllreduceOptions{Timeout: 30 * time.Second})
+	if err != nil {
+		return err
+	}
+	time.Sleep(200 * time.Millisecond)
+	t0 := time.Now()
+	err = e.pg.Abort(context.Background(), errors.New("conformance: user abort"))
+	result("abort_elapsed", time.Since(t0).Seconds())
+	resultErr("abort", err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	err = w.WaitHost(ctx)
+	cancel()
+	resultErr("pending", err)
+	result("pending_aborted", errors.Is(err, backend.ErrAborted))
+	_, err = e.pg.Allreduce(e.ctx, []*tensor.Tensor{e.x}, backend.AllreduceOptions{})
+	resultErr("next", err)
+	result("next_aborted", errors.Is(err, backend.ErrAborted))
 	return nil
 }
 

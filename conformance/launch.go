@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/onsi/ginkgo/v2/reporters"
@@ -38,7 +39,8 @@ type LaunchConfig struct {
 	// Out receives the progress lines and the summary (default os.Stdout).
 	Out io.Writer
 	// Report, when set, is the path prefix of the merged reports:
-	// Report+".xml" (JUnit) and Report+".json" (Ginkgo JSON).
+	// Report+".xml" (JUnit), Report+".json" (Ginkgo JSON) and every
+	// rank's output, Report+".rankN.log".
 	Report string
 	// Timeout bounds the whole run (default 30 minutes).
 	Timeout time.Duration
@@ -102,6 +104,10 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Result, error) {
 			"RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(cfg.NProc),
 			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
 			EnvReport+"="+filepath.Join(dir, fmt.Sprintf("rank%d.json", r)))
+		// When the run's time is up, SIGQUIT makes a Go rank print every
+		// goroutine's stack before it dies, so a hung run says where it
+		// hung (the logs go to Report+".rankN.log").
+		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGQUIT) }
 		cmd.WaitDelay = 5 * time.Second
 		pr, pw := io.Pipe()
 		cmd.Stdout, cmd.Stderr = pw, pw
@@ -167,6 +173,9 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Result, error) {
 	}
 	summarize(cfg.Out, &res, reports, logs, time.Since(start))
 	if cfg.Report != "" {
+		for r, l := range logs {
+			_ = os.WriteFile(fmt.Sprintf("%s.rank%d.log", cfg.Report, r), []byte(l.String()), 0o644)
+		}
 		if err := reporters.GenerateJUnitReport(res.Report, cfg.Report+".xml"); err != nil {
 			return res, err
 		}

@@ -248,6 +248,20 @@ func defineChildFailures(s *Suite) {
 			}
 		})
 
+		It("Abort fails the pending work and later ops with ErrAborted keeping the reason, without waiting for the peer", func() {
+			s.requireChildren(2, "")
+			_, kids := s.runChildren("abort", 2)
+			r0 := kids[0]
+			Expect(r0.code).To(Equal(0), "%v", r0)
+			Expect(kids[1].code).To(Equal(0), "%v", kids[1])
+			Expect(r0.results["abort"]).To(Equal("<nil>"), "%v", r0)
+			// Bounded: the children's AbortTimeout is 2 s.
+			Expect(r0.seconds("abort_elapsed")).To(BeNumerically("<", 2.5))
+			Expect(r0.results["pending_aborted"]).To(Equal("true"), "%v", r0)
+			Expect(r0.results["next_aborted"]).To(Equal("true"), "%v", r0)
+			Expect(r0.results["next"]).To(ContainSubstring("conformance: user abort"), "the next op's error keeps the reason")
+		})
+
 		It("a rank's failure reaches its peers through the store: ErrRemote naming it, long before their own timeout", func() {
 			s.requireChildren(2, gpuOnly)
 			_, kids := s.runChildren("remote", 2, "GOCOLL_NCCL_ASYNC_ERROR_HANDLING=0")

@@ -282,20 +282,9 @@ func defineFailures(s *Suite) {
 			}
 			Expect(s.Sync()).To(Succeed())
 		})
-		It("Abort fails pending works with ErrAborted and later ops too", Label(LabelLifetime), func() {
-			g := freshGroup(s, time.Minute)
-			if s.Rank == 0 && s.Size > 1 {
-				w, err := g.Allreduce(bg, []*tensor.Tensor{s.Zeros(tensor.Float32, 4)}, backend.AllreduceOptions{})
-				Expect(err).NotTo(HaveOccurred())
-				Expect(g.Abort(bg, errors.New("conformance: abort"))).To(Succeed())
-				ctx, cancel := context.WithTimeout(bg, 10*time.Second)
-				defer cancel()
-				Expect(w.WaitHost(ctx)).To(MatchError(backend.ErrAborted))
-				_, err = g.Allreduce(bg, []*tensor.Tensor{s.Zeros(tensor.Float32, 4)}, backend.AllreduceOptions{})
-				Expect(err).To(HaveOccurred())
-			}
-			Expect(s.Sync()).To(Succeed())
-		})
+		// Abort of a group with a pending work is the child-process spec
+		// "Abort fails the pending work ..." (spec_failures.go): on a GPU
+		// the aborted kernel may outlive the group in this process.
 		It("monitored_barrier passes, and names the ranks that do not arrive", Label(LabelLifetime), func() {
 			if _, err := s.PG.Backend(tensor.CPU); err != nil {
 				Skip(fmt.Sprintf("monitored_barrier is host-only, as in PyTorch, and backend %q serves no CPU tensors", s.Backend))

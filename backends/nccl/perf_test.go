@@ -293,6 +293,21 @@ func BenchmarkAsyncAllreduceHostCost(b *testing.B) {
 		return nil
 	})
 	b.ReportMetric(float64(host[0].Nanoseconds())/float64(b.N), "host-ns/call")
+	// NCCL's own share: the same call from a C loop, no events, no Go.
+	b.StopTimer()
+	raw := make([]time.Duration, len(envs))
+	each(b, envs, func(e *rankEnv) error {
+		for k := 0; k < b.N; k += 256 {
+			d, err := e.b.RawAllreduce(e.ctx, xs[e.r], e.cur, min(256, b.N-k))
+			if err != nil {
+				return err
+			}
+			raw[e.r] += d
+			e.cur.SynchronizeContext(context.Background())
+		}
+		return nil
+	})
+	b.ReportMetric(float64(raw[0].Nanoseconds())/float64(b.N), "raw-nccl-host-ns/call")
 }
 
 // pollStore waits for keys by polling Check: on 2026-11-29 the TCPStore

@@ -55,6 +55,12 @@ func (b *Backend) watchdog() {
 	t := time.NewTicker(b.opts.WatchdogInterval)
 	defer t.Stop()
 	var scratch []*Work
+	// Streams whose oldest pending work is still running this round. A
+	// stream runs its work in order, so nothing behind that work can have
+	// finished: one event query per busy stream, not one per pending work
+	// (thousands when a loop issues faster than the GPU drains, and each
+	// query contends with the issuing thread for the driver).
+	busy := map[uintptr]bool{}
 	for {
 		select {
 		case <-b.stop:
@@ -77,10 +83,14 @@ func (b *Backend) watchdog() {
 			b.checkRemoteError(scratch)
 		}
 		var freed []*Work
+		clear(busy)
 		for _, w := range scratch {
-			if w.poll() {
-				freed = append(freed, w)
-				continue
+			if h := w.stream.Handle(); !busy[h] {
+				if w.poll() {
+					freed = append(freed, w)
+					continue
+				}
+				busy[h] = true
 			}
 			if b.opts.BlockingWait {
 				continue
