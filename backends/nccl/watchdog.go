@@ -276,6 +276,18 @@ func (b *Backend) handleError(err error) {
 // join, a peer that never answers) is left behind, never waited on. Then
 // it fails every pending work with ErrAborted wrapping reason.
 func (b *Backend) abortAll(ctx context.Context, reason error) {
+	// Fail the works still running first: ncclCommAbort ends their kernels,
+	// and their end events then complete, which must not read as success
+	// (seen on two H200s: a waiter saw nil). A work found complete here
+	// finished before the abort and keeps its result.
+	b.mu.Lock()
+	pend := slices.Clone(b.pending)
+	b.mu.Unlock()
+	for _, w := range pend {
+		if !w.poll() {
+			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.rank, Backend: Name, Kind: backend.ErrAborted, Err: reason})
+		}
+	}
 	done := make(chan string, maxDevices)
 	var left []string
 	for _, c := range b.comms() {
@@ -304,12 +316,6 @@ wait:
 	if len(left) > 0 {
 		slog.Warn("gocoll nccl: ncclCommAbort has not returned; going on without it", "rank", b.rank, "group", b.cfg.GroupDesc,
 			"communicators", left, "waited", b.opts.AbortTimeout)
-	}
-	b.mu.Lock()
-	pend := slices.Clone(b.pending)
-	b.mu.Unlock()
-	for _, w := range pend {
-		w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.rank, Backend: Name, Kind: backend.ErrAborted, Err: reason})
 	}
 }
 
