@@ -33,7 +33,7 @@ if [ "$PERF" = all ]; then
 	GOCOLL_PERF=1 GOCOLL_PERF_OUT="$OUT/perf.md" step perf 200 .gpu/nccl.test -test.run "^(TestPerf|TestPerfProcesses)$" -test.v -test.count=1 > "$OUT/perf.log" 2>&1
 fi
 if [ "$PERF" != none ]; then
-	CUDA_VISIBLE_DEVICES=0 step "bench world1" 60 .gpu/nccl.test -test.run '^$' -test.bench BenchmarkAsyncAllreduceHostCost -test.benchtime 20000x -test.count 5 \
+	CUDA_VISIBLE_DEVICES=0 step "bench world1" 60 .gpu/nccl.test -test.run '^$' -test.bench BenchmarkAsyncAllreduceHostCost -test.benchtime 20000x -test.count ${BENCH_COUNT:-5} \
 		-test.cpuprofile "$OUT/bench.prof" > "$OUT/bench-world1.log" 2>&1
 fi
 cat "$OUT/summary.txt"
