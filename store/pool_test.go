@@ -11,9 +11,9 @@ import (
 	"time"
 )
 
-// The tests of TCPStore's connection pool. Their time bounds are loose on
-// purpose: a call that waits behind another would take the store timeout
-// (30 s), so a few seconds tell the two apart on a loaded machine.
+// The tests of TCPStore's main and wait connections. Their time bounds are
+// loose on purpose: a call that waits behind another would take the store
+// timeout (30 s), so a few seconds tell the two apart on a loaded machine.
 
 const poolTimeout = 30 * time.Second
 
@@ -101,9 +101,11 @@ func TestTCPStoreSetWhileGetBlocked(t *testing.T) {
 }
 
 // TestTCPStoreConcurrentCalls: many goroutines share one client for every
-// kind of call. Each checks that its own writes are applied in order (a
-// CompareSet after a Set sees the Set, though the two may run on different
-// connections), and waits for a key of its neighbour.
+// kind of call, while some of them wait. Each checks that its own calls
+// take effect in its program order (a Get or MultiGet after a Set returns
+// that Set's value, a CompareSet after a Set sees it, its queue is FIFO),
+// counters kept with Add are exact, and it waits for a key of its
+// neighbour.
 func TestTCPStoreConcurrentCalls(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.String(), func(t *testing.T) {
@@ -122,22 +124,43 @@ func TestTCPStoreConcurrentCalls(t *testing.T) {
 							if err := c.Set(ctx, k, []byte(v)); err != nil {
 								return err
 							}
+							if got, err := c.Get(ctx, k); err != nil || string(got) != v {
+								return fmt.Errorf("%s: Get after Set %q = %q, %v", k, v, got, err)
+							}
 							next := strconv.Itoa(r + 1)
 							got, err := c.CompareSet(ctx, k, []byte(v), []byte(next))
 							if err != nil {
 								return err
 							}
 							if string(got) != next {
-								return fmt.Errorf("%s: CompareSet after Set %q returned %q: the Set was not applied first", k, v, got)
+								return fmt.Errorf("%s: CompareSet after Get %q returned %q", k, v, got)
 							}
-							if got, err := c.Get(ctx, k); err != nil || string(got) != next {
-								return fmt.Errorf("%s: Get = %q, %v; want %q", k, got, err, next)
+							if err := c.MultiSet(ctx, []string{k, k + "b"}, [][]byte{[]byte(v), []byte(next)}); err != nil {
+								return err
+							}
+							if got, err := c.MultiGet(ctx, []string{k + "b", k}); err != nil || string(got[0]) != next || string(got[1]) != v {
+								return fmt.Errorf("%s: MultiGet after MultiSet %q, %q = %q, %v", k, v, next, got, err)
 							}
 							if _, err := c.Add(ctx, "counter", 1); err != nil {
 								return err
 							}
 							if ok, err := c.Check(ctx, k); err != nil || !ok {
 								return fmt.Errorf("%s: Check = %v, %v", k, ok, err)
+							}
+							if d == DialectV2 {
+								q := "q" + k
+								if err := c.QueuePush(ctx, q, []byte(v)); err != nil {
+									return err
+								}
+								if err := c.QueuePush(ctx, q, []byte(next)); err != nil {
+									return err
+								}
+								if got, err := c.QueuePop(ctx, q, r%2 == 0); err != nil || string(got) != v {
+									return fmt.Errorf("%s: QueuePop = %q, %v; want %q", q, got, err, v)
+								}
+								if got, err := c.QueuePop(ctx, q, r%2 == 1); err != nil || string(got) != next {
+									return fmt.Errorf("%s: QueuePop = %q, %v; want %q", q, got, err, next)
+								}
 							}
 							// Wait for the neighbour's round r; it sets it
 							// before waiting for ours.
@@ -168,55 +191,61 @@ func TestTCPStoreConcurrentCalls(t *testing.T) {
 			if v := must(c.Get(ctx, "counter"))(t); string(v) != strconv.Itoa(workers*rounds) {
 				t.Fatalf("counter = %s, want %d", v, workers*rounds)
 			}
-			if open, idle := c.poolSize(); idle > maxIdleConns || open > maxIdleConns {
-				t.Fatalf("%d connections open, %d idle after the calls; want at most %d", open, idle, maxIdleConns)
+			if open, idle := c.waitConns(); idle > maxIdleConns || open > maxIdleConns {
+				t.Fatalf("%d wait connections open, %d idle after the calls; want at most %d", open, idle, maxIdleConns)
 			}
 		})
 	}
 }
 
-// TestTCPStoreWriteOrderAcrossConnections: a SET given back on a
-// connection that then waits (a Get of a key not yet there) is applied
-// before a later call on another connection; with DialectV2 the wait is
-// broken off and resumed for that, and still sees the key set later.
-func TestTCPStoreWriteOrderAcrossConnections(t *testing.T) {
+// TestTCPStoreOwnWritesBeforeWaits: a Set, which has no reply, followed by
+// a Get or MultiGet of the same key: the Get waits on a wait connection but
+// reads on the main connection, behind the Set, so it returns the new value
+// and never the old one, also while other calls of the client are blocked
+// in waits; and a Wait after the caller's own Set returns.
+func TestTCPStoreOwnWritesBeforeWaits(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.String(), func(t *testing.T) {
 			srv, _ := newTestServer(t, ServerOptions{})
 			c := dial(t, srv.Addr().String(), ClientOptions{Dialect: d, Timeout: poolTimeout})
 			ctx := context.Background()
-			for i := range 20 {
-				a, b := fmt.Sprintf("a%d", i), fmt.Sprintf("b%d", i)
-				if err := c.Set(ctx, a, []byte("1")); err != nil {
+			blocked := make(chan error, 3)
+			for i := range cap(blocked) {
+				go func() { _, err := c.Get(ctx, fmt.Sprintf("gate%d", i)); blocked <- err }()
+			}
+			for i := range 200 {
+				v := []byte(strconv.Itoa(i))
+				if err := c.Set(ctx, "x", v); err != nil {
 					t.Fatal(err)
 				}
-				got := make(chan error, 1)
-				go func() {
-					v, err := c.Get(ctx, b) // on the connection of the Set
-					if err == nil && string(v) != "B" {
-						err = fmt.Errorf("get %s = %q", b, v)
-					}
-					got <- err
-				}()
-				if i%2 == 0 {
-					time.Sleep(20 * time.Millisecond) // let the Get start waiting
+				if got := must(c.Get(ctx, "x"))(t); string(got) != string(v) {
+					t.Fatalf("round %d: Get after Set = %q", i, got)
 				}
-				if v := must(c.CompareSet(ctx, a, []byte("1"), []byte("2")))(t); string(v) != "2" {
-					t.Fatalf("round %d: CompareSet after Set returned %q", i, v)
-				}
-				if n := must(c.Add(ctx, a, 1))(t); n != 3 {
-					t.Fatalf("round %d: Add = %d", i, n)
-				}
-				if err := c.Set(ctx, b, []byte("B")); err != nil {
+				if err := c.Append(ctx, "x", []byte("+")); err != nil {
 					t.Fatal(err)
 				}
-				select {
-				case err := <-got:
-					if err != nil {
+				if got := must(c.MultiGet(ctx, []string{"x"}))(t); string(got[0]) != string(v)+"+" {
+					t.Fatalf("round %d: MultiGet after Append = %q", i, got[0])
+				}
+				w := fmt.Sprintf("w%d", i)
+				if err := c.Set(ctx, w, nil); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Wait(ctx, w); err != nil {
+					t.Fatal(err)
+				}
+				if i%50 == 49 {
+					if _, err := c.DeleteKey(ctx, "x"); err != nil {
 						t.Fatal(err)
 					}
-				case <-time.After(poolTimeout / 2):
-					t.Fatal("the Get did not return")
+				}
+			}
+			for i := range cap(blocked) {
+				if err := c.Set(ctx, fmt.Sprintf("gate%d", i), nil); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-blocked; err != nil {
+					t.Fatal(err)
 				}
 			}
 		})
@@ -242,8 +271,6 @@ func TestTCPStoreCloseWakesBlockedCalls(t *testing.T) {
 			if d == DialectV2 {
 				calls["queue_pop"] = func() error { _, err := c.QueuePop(ctx, "never-q", true); return err }
 			}
-			// A set whose connection then waits, and a pending write
-			// confirmed by nobody yet, must not hold Close up either.
 			if err := c.Set(ctx, "s", []byte("v")); err != nil {
 				t.Fatal(err)
 			}
@@ -251,8 +278,8 @@ func TestTCPStoreCloseWakesBlockedCalls(t *testing.T) {
 			for name, f := range calls {
 				go func() { errs <- fmt.Errorf("%s: %w", name, f()) }()
 			}
-			waitFor(t, fmt.Sprintf("a connection for each of %d blocked calls", len(calls)), func() bool {
-				open, _ := c.poolSize()
+			waitFor(t, fmt.Sprintf("a wait connection for each of %d blocked calls", len(calls)), func() bool {
+				open, _ := c.waitConns()
 				return open == len(calls)
 			})
 			time.Sleep(100 * time.Millisecond) // let the calls block in their waits
@@ -279,8 +306,8 @@ func TestTCPStoreCloseWakesBlockedCalls(t *testing.T) {
 			if _, err := c.Get(ctx, "s"); !errors.Is(err, ErrClosed) {
 				t.Fatalf("get after close: %v", err)
 			}
-			if open, idle := c.poolSize(); open != 0 || idle != 0 {
-				t.Fatalf("after Close: %d open, %d idle", open, idle)
+			if open, idle := c.waitConns(); open != 0 || idle != 0 {
+				t.Fatalf("after Close: %d wait connections open, %d idle", open, idle)
 			}
 			_ = c.Close() // idempotent
 			if v := must(cl.Get(ctx, "s"))(t); string(v) != "v" {
@@ -309,10 +336,10 @@ func serverConns(s *TCPServer) int {
 	return len(s.conns)
 }
 
-// TestTCPStoreIdleBound: a burst of blocked calls opens a connection each;
-// once they return, at most maxIdleConns stay open, on the client and on
-// the server. Sequential calls use a single connection, and the "init/"
-// announcement is made once.
+// TestTCPStoreIdleBound: sequential calls use the main connection and one
+// wait connection, and the "init/" announcement is made once. A burst of
+// blocked Gets opens a wait connection each; once they return, at most
+// maxIdleConns stay open, on the client and on the server.
 func TestTCPStoreIdleBound(t *testing.T) {
 	for _, d := range dialects {
 		t.Run(d.String(), func(t *testing.T) {
@@ -326,12 +353,15 @@ func TestTCPStoreIdleBound(t *testing.T) {
 				must(c.Add(ctx, "n", 1))(t)
 			}
 			wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-			_ = c.Wait(wctx, "missing")
-			cancel()
-			must(c.Add(ctx, "n", 1))(t) // v1 dropped the connection of the timed-out wait
-			if open, idle := c.poolSize(); open != 1 || idle != 1 {
-				t.Fatalf("sequential calls: %d connections open, %d idle; want 1", open, idle)
+			if err := c.Wait(wctx, "missing"); !errors.Is(err, ErrTimeout) {
+				t.Fatalf("wait for a missing key: %v", err)
 			}
+			cancel()
+			must(c.Get(ctx, "seq"))(t) // v1 dropped the wait connection of the timed-out wait
+			if open, idle := c.waitConns(); open != 1 || idle != 1 {
+				t.Fatalf("sequential calls: %d wait connections open, %d idle; want 1", open, idle)
+			}
+			waitFor(t, "the server to hold 2 connections (main, wait)", func() bool { return serverConns(srv) == 2 })
 
 			var wg sync.WaitGroup
 			errc := make(chan error, burst)
@@ -342,11 +372,11 @@ func TestTCPStoreIdleBound(t *testing.T) {
 					}
 				})
 			}
-			waitFor(t, fmt.Sprintf("a connection for each of %d blocked Gets", burst), func() bool {
-				open, _ := c.poolSize()
-				return open >= burst
+			waitFor(t, fmt.Sprintf("a wait connection for each of %d blocked Gets", burst), func() bool {
+				open, _ := c.waitConns()
+				return open == burst
 			})
-			waitFor(t, "the server to hold them", func() bool { return serverConns(srv) >= burst })
+			waitFor(t, "the server to hold them", func() bool { return serverConns(srv) == burst+1 })
 			if err := c.Set(ctx, "gate", []byte("open")); err != nil {
 				t.Fatal(err)
 			}
@@ -355,11 +385,11 @@ func TestTCPStoreIdleBound(t *testing.T) {
 			for err := range errc {
 				t.Fatal(err)
 			}
-			if open, idle := c.poolSize(); open > maxIdleConns || idle > maxIdleConns {
-				t.Fatalf("after the burst: %d connections open, %d idle; want at most %d", open, idle, maxIdleConns)
+			if open, idle := c.waitConns(); open != maxIdleConns || idle != maxIdleConns {
+				t.Fatalf("after the burst: %d wait connections open, %d idle; want %d", open, idle, maxIdleConns)
 			}
-			waitFor(t, fmt.Sprintf("the server to hold at most %d connections", maxIdleConns), func() bool {
-				return serverConns(srv) <= maxIdleConns
+			waitFor(t, fmt.Sprintf("the server to hold %d connections", maxIdleConns+1), func() bool {
+				return serverConns(srv) == maxIdleConns+1
 			})
 			if v := must(c.getRaw(ctx, initKey))(t); string(v) != "1" {
 				t.Fatalf("init/ = %q: the announcement was repeated", v)

@@ -190,11 +190,13 @@ func TestReplayCaptures(t *testing.T) {
 }
 
 // recorder is a TCP proxy that records the client→server bytes of each
-// connection, in connection order.
+// connection, in connection order, and the order in which chunks arrived
+// across connections.
 type recorder struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []*bytes.Buffer
+	ln     net.Listener
+	mu     sync.Mutex
+	conns  []*bytes.Buffer
+	chunks [][2]int // (connection, end offset) of each chunk received, in order
 }
 
 func newRecorder(t *testing.T, target string) *recorder {
@@ -217,6 +219,7 @@ func newRecorder(t *testing.T, target string) *recorder {
 			}
 			buf := &bytes.Buffer{}
 			r.mu.Lock()
+			id := len(r.conns)
 			r.conns = append(r.conns, buf)
 			r.mu.Unlock()
 			go func() { io.Copy(c, s); c.Close() }()
@@ -227,6 +230,7 @@ func newRecorder(t *testing.T, target string) *recorder {
 					if n > 0 {
 						r.mu.Lock()
 						buf.Write(b[:n])
+						r.chunks = append(r.chunks, [2]int{id, buf.Len()})
 						r.mu.Unlock()
 						s.Write(b[:n])
 					}
@@ -250,10 +254,90 @@ func (r *recorder) sent(i int) []byte {
 	return bytes.Clone(r.conns[i].Bytes())
 }
 
+// arrival returns the index, in the order of arrival, of the chunk that
+// held byte off of connection i.
+func (r *recorder) arrival(i, off int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for n, ch := range r.chunks {
+		if ch[0] == i && off < ch[1] {
+			return n
+		}
+	}
+	return -1
+}
+
+// v2Request is one client request of the 2.x protocol, split from a byte
+// stream.
+type v2Request struct {
+	op   op
+	data []byte
+}
+
+// splitV2Requests splits a client's byte stream into its requests.
+func splitV2Requests(t *testing.T, b []byte) []v2Request {
+	t.Helper()
+	var out []v2Request
+	for len(b) > 0 {
+		o := decodeOp(DialectV2, b[0])
+		n := 1
+		u64 := func() uint64 {
+			if len(b) < n+8 {
+				t.Fatalf("truncated %s request %x", o, b)
+			}
+			v := binary.LittleEndian.Uint64(b[n:])
+			n += 8
+			return v
+		}
+		str := func() { n += int(u64()) }
+		switch o {
+		case opValidate, opPing:
+			n += 4
+		case opNumKeys, opCancelWait, opListKeys:
+		case opGet, opDeleteKey, opQueuePop, opQueueLen:
+			str()
+		case opSet, opAppend, opQueuePush:
+			str()
+			str()
+		case opCompareSet:
+			str()
+			str()
+			str()
+		case opAdd:
+			str()
+			n += 8
+		case opCheck, opWait, opMultiGet:
+			for range u64() {
+				str()
+			}
+		case opMultiSet:
+			for range u64() {
+				str()
+				str()
+			}
+		default:
+			t.Fatalf("unknown request code %d in %x", b[0], b)
+		}
+		if n > len(b) {
+			t.Fatalf("truncated %s request %x", o, b)
+		}
+		out = append(out, v2Request{o, b[:n]})
+		b = b[n:]
+	}
+	return out
+}
+
 // TestClientMatchesTorch211 runs, with our DialectV2 client, the store API
 // tour that produced proxylog_v2.11.0_libuv.jsonl and checks that it sends
-// exactly the bytes the torch 2.11 client sent, connection by connection
-// (the PING nonce, the client's pid, excepted).
+// exactly the requests the torch 2.11 client sent (the PING nonce, the
+// client's pid, excepted). Torch's second client sends its bytes on one
+// connection, as ours does. Torch's first one sends every request on one
+// connection; ours sends the WAITs and CANCEL_WAITs on a wait connection,
+// after its own handshake, and the rest on its main connection: each of
+// the two byte streams must be the torch stream's share, byte for byte,
+// and their requests must have reached the proxy in torch's order wherever
+// that order is fixed (a request after one with a reply; a SET, which has
+// none, may be overtaken by the next request on the other connection).
 func TestClientMatchesTorch211(t *testing.T) {
 	ctx := context.Background()
 	srv, _ := newTestServer(t, ServerOptions{})
@@ -312,14 +396,56 @@ func TestClientMatchesTorch211(t *testing.T) {
 			want[ev.conn] = append(want[ev.conn], ev.data...)
 		}
 	}
-	for i, id := range []int{1, 2} {
-		got := rec.sent(i)
-		w := bytes.Clone(want[id])
+	// Our connections, in the order the proxy accepted them: c1's main,
+	// c2's, then c1's wait connection (dialled at its first Get).
+	const c1Main, c2Main, c1Wait = 0, 1, 2
+	rec.mu.Lock()
+	nconns := len(rec.conns)
+	rec.mu.Unlock()
+	if nconns != 3 {
+		t.Fatalf("our clients opened %d connections; want 3 (c1's main and wait connections, c2's)", nconns)
+	}
+	// Split torch's first connection: its handshake opens both of ours.
+	reqs := splitV2Requests(t, want[1])
+	if len(reqs) < 2 || reqs[0].op != opValidate || reqs[1].op != opPing {
+		t.Fatalf("torch's connection 1 does not start with VALIDATE, PING: %x", want[1])
+	}
+	hello := slices.Concat(reqs[0].data, reqs[1].data)
+	ours := map[int][]byte{c1Main: bytes.Clone(hello), c1Wait: bytes.Clone(hello), c2Main: want[2]}
+	type placed struct {
+		conn, off int
+		req       v2Request
+	}
+	var order []placed // torch's requests after the handshake, where ours sends them
+	for _, r := range reqs[2:] {
+		id := c1Main
+		if r.op == opWait || r.op == opCancelWait {
+			id = c1Wait
+		}
+		order = append(order, placed{id, len(ours[id]), r})
+		ours[id] = append(ours[id], r.data...)
+	}
+	ok := true
+	for _, id := range []int{c1Main, c2Main, c1Wait} {
+		got, w := rec.sent(id), ours[id]
 		if len(got) >= 10 && len(w) >= 10 {
 			copy(got[6:10], w[6:10]) // PING nonce = pid
 		}
 		if !bytes.Equal(got, w) {
-			t.Errorf("connection %d: our client sent\n%x\ntorch 2.11 sent\n%x", id, got, w)
+			ok = false
+			t.Errorf("connection %d: our client sent\n%x\nwant (from torch 2.11)\n%x", id, got, w)
+		}
+	}
+	if !ok {
+		return
+	}
+	for i := 1; i < len(order); i++ {
+		prev, cur := order[i-1], order[i]
+		if prev.conn == cur.conn || prev.req.op == opSet || prev.req.op == opAppend || prev.req.op == opMultiSet || prev.req.op == opQueuePush {
+			continue
+		}
+		if a, b := rec.arrival(prev.conn, prev.off+len(prev.req.data)-1), rec.arrival(cur.conn, cur.off); a >= b {
+			t.Errorf("request %d (%s, connection %d) arrived before request %d (%s, connection %d), which torch sent first", i+1, cur.req.op, cur.conn, i, prev.req.op, prev.conn)
 		}
 	}
 }

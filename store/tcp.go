@@ -97,29 +97,35 @@ func (o *ClientOptions) fill() error {
 	return nil
 }
 
-// maxIdleConns bounds the idle connections a TCPStore keeps for later
-// calls; one returned beyond it is closed. (An idle connection whose last
-// write awaits confirmation is kept beyond it until the next call confirms
-// that write.)
+// maxIdleConns bounds the idle wait connections a TCPStore keeps; one given
+// back beyond it is closed.
 const maxIdleConns = 4
 
 // TCPStore is a client of a TCPStore server (ours or PyTorch's). It is safe
-// for concurrent use. Where PyTorch's client runs every call on one
-// connection, one at a time, a TCPStore keeps a small pool of connections:
-// a call takes an idle one (or dials a new one) and gives it back when it
-// returns, so concurrent calls never wait behind each other. A blocked Get,
-// Wait or QueuePop occupies only its own connection, and other goroutines,
-// the one that will set the awaited key among them, carry on meanwhile. At
-// most maxIdleConns (4) idle connections are kept; a connection that fails
-// is closed, and a later call dials anew.
+// for concurrent use.
 //
-// Calls keep the order of a single connection: a call sees the effect of
-// every call of the same TCPStore that returned before it started, even of
-// a SET, which has no reply. (A call that finds such a write unconfirmed on
-// another connection first confirms it there with a GETNUMKEYS round trip,
-// or, when that connection is in a wait, by CANCEL_WAIT and WAIT again.)
-// Sequential calls from one goroutine run on one connection and send the
-// same bytes as PyTorch's client.
+// Every call that cannot block indefinitely (Set, Add, CompareSet, Check,
+// DeleteKey, NumKeys, Append, MultiSet, QueuePush, QueueLen, ListKeys, a
+// non-blocking QueuePop, and the GET step of Get and MultiGet) runs on one
+// main connection, one call at a time, as in PyTorch's client. The server
+// applies a connection's requests in order, so such a call sees the effect
+// of every call of the same TCPStore that returned before it started, a SET
+// (which has no reply) included.
+//
+// Only the calls that wait for another party (the WAIT of Wait, Get and
+// MultiGet, and a blocking QueuePop) run on a wait connection, taken from a
+// small idle list or dialled when none is idle; at most maxIdleConns (4)
+// idle ones are kept. PyTorch's client waits on its single connection, so a
+// blocked Get stalls every other call of the client, even the Set, from
+// another thread, that would wake it; here a blocked wait holds only its
+// own connection. Get and MultiGet wait on a wait connection, then read on
+// the main connection, so they return what the caller's earlier Sets wrote.
+// (A WAIT only waits for keys to exist: one that the server takes before an
+// earlier SET of the caller returns once that SET lands.) A connection that
+// fails is closed, its state being unknown; a later call dials anew.
+//
+// Sequential calls from one goroutine send PyTorch's client's requests:
+// the WAITs (and CANCEL_WAITs) on a wait connection, the rest on the main one.
 //
 // User keys are sent with PyTorch's "/" prefix, so Go and PyTorch clients of
 // one server see the same keys.
@@ -129,44 +135,35 @@ type TCPStore struct {
 	timeout atomic.Int64
 	server  *TCPServer // owned, from NewTCPStore with IsMaster
 
-	// life ends at Close; it stops dials and waits for other connections.
+	// life ends at Close; it stops dials.
 	life context.Context
 	kill context.CancelFunc
 
-	mu       sync.Mutex
-	conns    map[*tcpConn]struct{} // every open connection, idle or in use
-	idle     []*tcpConn            // the idle ones, most recently used last
-	wseq     uint64                // numbers the reply-less writes (tcpConn.pending)
-	ndirty   int                   // connections with pending != 0
-	changed  chan struct{}         // closed and replaced, when watched, as a connection is given back, confirmed or dropped
-	watchers int                   // calls of acquire that watch changed
-	closed   bool
+	// mu serialises the calls on the main connection; main is nil when it
+	// must be dialled anew.
+	mu   sync.Mutex
+	main *tcpConn
+
+	// cmu guards the fields below.
+	cmu    sync.Mutex
+	conns  map[*tcpConn]struct{} // every open connection: main, waits idle or in use
+	idle   []*tcpConn            // the idle wait connections
+	closed bool
 }
 
-// tcpConn is one connection of a TCPStore.
+// tcpConn is one connection of a TCPStore, used by one call at a time.
 type tcpConn struct {
-	nc   net.Conn
-	br   *bufio.Reader
-	wbuf []byte
-
-	// Owned by the call that holds the connection.
-	dirty  bool // a reply-less request was sent and no reply has come since
-	broken bool // the connection's state is unknown: drop it when given back
-
-	// Guarded by TCPStore.mu.
-	idle bool
-	// pending is the wseq of the oldest reply-less write on the connection
-	// not yet followed by a reply, once given back; 0 when none.
-	pending uint64
-	// interrupt, set while the holder waits (WAIT) with pending writes,
-	// breaks that wait off so that the writes get confirmed.
-	interrupt func()
+	nc     net.Conn
+	br     *bufio.Reader
+	wbuf   []byte
+	wait   bool // a wait connection (set before it is shared)
+	broken bool // its state is unknown after a failure: drop it
 }
 
 // DialTCPStore connects to the TCPStore server at addr ("host:port"),
 // retrying with backoff until the store timeout or ctx's deadline, as
 // PyTorch's client does. With opts.WorldSize > 0 it then announces itself
-// under "init/".
+// under "init/" (once per TCPStore: wait connections do not repeat it).
 func DialTCPStore(ctx context.Context, addr string, opts ClientOptions) (*TCPStore, error) {
 	if err := opts.fill(); err != nil {
 		return nil, err
@@ -174,30 +171,21 @@ func DialTCPStore(ctx context.Context, addr string, opts ClientOptions) (*TCPSto
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, fmt.Errorf("store: bad address %q: %w", addr, err)
 	}
-	c := &TCPStore{addr: addr, opts: opts, conns: map[*tcpConn]struct{}{}, changed: make(chan struct{})}
+	c := &TCPStore{addr: addr, opts: opts, conns: map[*tcpConn]struct{}{}}
 	c.timeout.Store(int64(opts.Timeout))
 	c.life, c.kill = context.WithCancel(context.Background())
-	cn, err := c.connect(ctx)
+	cn, err := c.dial(ctx, opInvalid, nil, time.Now(), false)
 	if err != nil {
 		c.kill()
 		return nil, err
 	}
-	c.conns[cn] = struct{}{}
+	c.main = cn
 	if opts.WorldSize > 0 && !opts.NoWaitForWorkers {
-		// The announcement is made once per TCPStore, on its first
-		// connection; connections dialled later do not repeat it.
-		start := time.Now()
-		k := initKey
-		code, _ := encodeOp(opts.Dialect, opAdd)
-		var n int64
-		if err := c.roundTrip(ctx, cn, opAdd, []string{k}, start, code,
-			func(b []byte) []byte { return appendI64(appendStr(b, k), 1) },
-			func(r *reader) error { return readI64(r, &n) }); err != nil {
+		if _, err := c.add(ctx, initKey, 1); err != nil {
 			_ = c.Close()
 			return nil, err
 		}
 	}
-	c.release(cn)
 	return c, nil
 }
 
@@ -368,69 +356,74 @@ func (c *TCPStore) errorf(o op, keys []string, start time.Time, format string, a
 	return fmt.Errorf(sb.String()+format, args...)
 }
 
-// call runs one request on a connection of the pool and reads its reply
-// (none when read is nil), within the call's deadline.
-func (c *TCPStore) call(ctx context.Context, o op, keys []string, build func([]byte) []byte, read func(*reader) error) error {
-	start := time.Now()
-	code, err := c.encode(o, keys, start)
-	if err != nil {
-		return err
+// dial connects a new connection of the store, the main one or a wait one;
+// Close stops it.
+func (c *TCPStore) dial(ctx context.Context, o op, keys []string, start time.Time, wait bool) (*tcpConn, error) {
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(c.life, cancel)()
+	cn, err := c.connect(dctx)
+	c.cmu.Lock()
+	defer c.cmu.Unlock()
+	if c.closed {
+		if cn != nil {
+			_ = cn.nc.Close()
+		}
+		return nil, c.errorf(o, keys, start, "%w", ErrClosed)
 	}
-	return c.with(ctx, o, keys, start, false, func(cn *tcpConn) error {
-		return c.roundTrip(ctx, cn, o, keys, start, code, build, read)
-	})
+	if err != nil {
+		return nil, err
+	}
+	cn.wait = wait
+	c.conns[cn] = struct{}{}
+	return cn, nil
 }
 
-// encode returns the code of o, or the error of a closed store or of a
-// dialect without o.
-func (c *TCPStore) encode(o op, keys []string, start time.Time) (byte, error) {
-	if c.isClosed() {
-		return 0, c.errorf(o, keys, start, "%w", ErrClosed)
-	}
-	code, ok := encodeOp(c.opts.Dialect, o)
-	if !ok {
-		return 0, c.errorf(o, keys, start, "%w: the %s dialect has no %s", ErrUnsupported, c.opts.Dialect, o)
-	}
-	return code, nil
+// drop closes cn and forgets it.
+func (c *TCPStore) drop(cn *tcpConn) {
+	c.cmu.Lock()
+	defer c.cmu.Unlock()
+	_ = cn.nc.Close()
+	delete(c.conns, cn)
 }
 
 func (c *TCPStore) isClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.cmu.Lock()
+	defer c.cmu.Unlock()
 	return c.closed
 }
 
-// with runs fn on a connection taken from the pool, then gives it back.
-// blocking says that fn starts with a WAIT.
-func (c *TCPStore) with(ctx context.Context, o op, keys []string, start time.Time, blocking bool, fn func(*tcpConn) error) error {
-	cn, err := c.acquire(ctx, o, keys, start)
-	if err != nil {
-		return err
+// call runs one request on the main connection and reads its reply (none
+// when read is nil), within the call's deadline. A failure drops the
+// connection, whose state is then unknown; the next call dials anew.
+func (c *TCPStore) call(ctx context.Context, o op, keys []string, build func([]byte) []byte, read func(*reader) error) error {
+	start := time.Now()
+	code, ok := encodeOp(c.opts.Dialect, o)
+	if !ok {
+		return c.errorf(o, keys, start, "%w: the %s dialect has no %s", ErrUnsupported, c.opts.Dialect, o)
 	}
-	defer c.release(cn)
-	if blocking && cn.dirty && c.opts.Dialect == DialectV1 {
-		// The 1.x protocol cannot break a wait off (it has no
-		// CANCEL_WAIT), so the connection's pending writes are confirmed
-		// before it waits.
-		if err := c.confirm(ctx, cn, o, keys, start); err != nil {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.isClosed() {
+		return c.errorf(o, keys, start, "%w", ErrClosed)
+	}
+	if c.main == nil {
+		cn, err := c.dial(ctx, o, keys, start, false)
+		if err != nil {
 			return err
 		}
+		c.main = cn
 	}
-	return fn(cn)
-}
-
-// confirm runs a GETNUMKEYS round trip on cn: its reply confirms that the
-// server has applied the requests sent before it.
-func (c *TCPStore) confirm(ctx context.Context, cn *tcpConn, o op, keys []string, start time.Time) error {
-	code, _ := encodeOp(c.opts.Dialect, opNumKeys)
-	var n int64
-	return c.roundTrip(ctx, cn, o, keys, start, code, func(b []byte) []byte { return b },
-		func(r *reader) error { return readI64(r, &n) })
+	err := c.roundTrip(ctx, c.main, o, keys, start, code, build, read)
+	if c.main.broken {
+		c.drop(c.main)
+		c.main = nil
+	}
+	return err
 }
 
 // roundTrip sends one request on cn and reads its reply (none when read is
-// nil), all before the call's deadline. A failure marks cn broken: its
-// state is unknown, and it is dropped when given back.
+// nil), all before the call's deadline. A failure marks cn broken.
 func (c *TCPStore) roundTrip(ctx context.Context, cn *tcpConn, o op, keys []string, start time.Time, code byte, build func([]byte) []byte, read func(*reader) error) error {
 	_ = cn.nc.SetDeadline(c.deadline(ctx, start))
 	stop := interruptOnDone(ctx, cn.nc)
@@ -441,11 +434,6 @@ func (c *TCPStore) roundTrip(ctx context.Context, cn *tcpConn, o op, keys []stri
 	}
 	stopped := stop()
 	if err == nil && stopped {
-		if read == nil {
-			cn.dirty = true
-		} else {
-			c.confirmed(cn)
-		}
 		return nil
 	}
 	if err == nil {
@@ -455,210 +443,51 @@ func (c *TCPStore) roundTrip(ctx context.Context, cn *tcpConn, o op, keys []stri
 	return c.wrapIOErr(ctx, o, keys, start, err)
 }
 
-// acquire takes a connection for a call that started at start: an idle one
-// or, when none is idle, a new one. Before, it makes sure that the server
-// has applied every reply-less write (SET and the like) given back before
-// the call started, so that calls keep the order of one connection: such a
-// write on the connection it takes is ordered by the connection itself;
-// one on another idle connection is confirmed there with a round trip; one
-// on a connection in use is waited for (that call reads a reply soon, or,
-// if it waits, is made to cancel its wait, which confirms the writes).
-func (c *TCPStore) acquire(ctx context.Context, o op, keys []string, start time.Time) (*tcpConn, error) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	c.mu.Lock()
-	target := c.wseq
-	for {
-		if c.closed {
-			c.mu.Unlock()
-			return nil, c.errorf(o, keys, start, "%w", ErrClosed)
-		}
-		var unconfirmed []*tcpConn
-		if c.ndirty > 0 {
-			for cn := range c.conns {
-				if cn.pending != 0 && cn.pending <= target {
-					unconfirmed = append(unconfirmed, cn)
-				}
-			}
-		}
-		if len(unconfirmed) == 0 || len(unconfirmed) == 1 && unconfirmed[0].idle {
-			var cn *tcpConn
-			switch {
-			case len(unconfirmed) == 1:
-				cn = unconfirmed[0]
-			case len(c.idle) > 0:
-				cn = c.idle[len(c.idle)-1]
-			}
-			if cn == nil {
-				c.mu.Unlock()
-				return c.dial(ctx, o, keys, start)
-			}
-			c.takeLocked(cn)
-			c.mu.Unlock()
-			return cn, nil
-		}
-		var idle *tcpConn
-		for _, cn := range unconfirmed {
-			if cn.idle {
-				idle = cn
-				break
-			}
-			if cn.interrupt != nil {
-				cn.interrupt()
-			}
-		}
-		if idle != nil {
-			c.takeLocked(idle)
-			c.mu.Unlock()
-			err := c.confirm(ctx, idle, o, keys, start)
-			c.release(idle)
-			// A connection that failed is dropped, and its writes with it,
-			// as when the only connection fails; only the call's own end
-			// stops it.
-			if err != nil && (ctx.Err() != nil || errors.Is(err, ErrTimeout)) {
-				return nil, err
-			}
-			c.mu.Lock()
-			continue
-		}
-		ch := c.changed
-		c.watchers++
-		c.mu.Unlock()
-		if timer == nil {
-			timer = time.NewTimer(time.Until(c.deadline(ctx, start)))
-		}
-		var err error
-		select {
-		case <-ch:
-		case <-c.life.Done():
-		case <-ctx.Done():
-			err = c.wrapIOErr(ctx, o, keys, start, ctx.Err())
-		case <-timer.C:
-			if ctxDeadlineFirst(ctx, c.deadline(ctx, start)) {
-				err = c.errorf(o, keys, start, "%w: %w", ErrTimeout, context.DeadlineExceeded)
-			} else {
-				err = c.errorf(o, keys, start, "%w after the store timeout %v, waiting for the writes of another connection to be confirmed", ErrTimeout, c.Timeout())
-			}
-		}
-		c.mu.Lock()
-		c.watchers--
-		if err != nil {
-			c.mu.Unlock()
-			return nil, err
-		}
-	}
-}
-
-// dial connects a new connection for the pool; Close stops it.
-func (c *TCPStore) dial(ctx context.Context, o op, keys []string, start time.Time) (*tcpConn, error) {
-	dctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(c.life, cancel)()
-	cn, err := c.connect(dctx)
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// withWaitConn runs fn on a wait connection: an idle one, or a new one when
+// none is idle. It then gives the connection back to the idle list, or
+// closes it when it is broken, when the store is closed or when
+// maxIdleConns are idle already.
+func (c *TCPStore) withWaitConn(ctx context.Context, o op, keys []string, start time.Time, fn func(*tcpConn) error) error {
+	c.cmu.Lock()
 	if c.closed {
-		if cn != nil {
-			_ = cn.nc.Close()
+		c.cmu.Unlock()
+		return c.errorf(o, keys, start, "%w", ErrClosed)
+	}
+	var cn *tcpConn
+	if n := len(c.idle); n > 0 {
+		cn = c.idle[n-1]
+		c.idle = c.idle[:n-1]
+	}
+	c.cmu.Unlock()
+	if cn == nil {
+		var err error
+		if cn, err = c.dial(ctx, o, keys, start, true); err != nil {
+			return err
 		}
-		return nil, c.errorf(o, keys, start, "%w", ErrClosed)
 	}
-	if err != nil {
-		return nil, err
-	}
-	c.conns[cn] = struct{}{}
-	return cn, nil
-}
-
-// takeLocked takes cn, idle or not yet confirmed, for a call.
-func (c *TCPStore) takeLocked(cn *tcpConn) {
-	if cn.idle {
-		cn.idle = false
-		c.idle = slices.DeleteFunc(c.idle, func(x *tcpConn) bool { return x == cn })
-	}
-	cn.dirty = cn.pending != 0
-	cn.broken = false
-}
-
-// release gives cn back: it becomes idle, or is closed when broken, when
-// the store is closed, or when maxIdleConns confirmed connections are idle
-// already.
-func (c *TCPStore) release(cn *tcpConn) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cn.broken || c.closed {
-		c.dropLocked(cn)
-		return
-	}
-	if cn.dirty && cn.pending == 0 {
-		c.wseq++
-		cn.pending = c.wseq
-		c.ndirty++
-	}
-	cn.idle = true
-	c.idle = append(c.idle, cn)
-	for len(c.idle) > maxIdleConns {
-		// Close the least recently used of the confirmed ones; one with
-		// unconfirmed writes stays until a call confirms them.
-		i := slices.IndexFunc(c.idle, func(x *tcpConn) bool { return x.pending == 0 })
-		if i < 0 {
-			break
-		}
-		c.dropLocked(c.idle[i])
-	}
-	c.notifyLocked()
-}
-
-// dropLocked closes cn and forgets it.
-func (c *TCPStore) dropLocked(cn *tcpConn) {
-	_ = cn.nc.Close()
-	if _, ok := c.conns[cn]; ok {
+	err := fn(cn)
+	c.cmu.Lock()
+	defer c.cmu.Unlock()
+	if cn.broken || c.closed || len(c.idle) >= maxIdleConns {
+		_ = cn.nc.Close()
 		delete(c.conns, cn)
-		if cn.pending != 0 {
-			c.ndirty--
+	} else {
+		c.idle = append(c.idle, cn)
+	}
+	return err
+}
+
+// waitConns returns the number of open wait connections and of idle ones
+// (for tests).
+func (c *TCPStore) waitConns() (open, idle int) {
+	c.cmu.Lock()
+	defer c.cmu.Unlock()
+	for cn := range c.conns {
+		if cn.wait {
+			open++
 		}
 	}
-	cn.pending = 0
-	if cn.idle {
-		cn.idle = false
-		c.idle = slices.DeleteFunc(c.idle, func(x *tcpConn) bool { return x == cn })
-	}
-	c.notifyLocked()
-}
-
-// confirmed notes that a reply came on cn after its reply-less writes.
-func (c *TCPStore) confirmed(cn *tcpConn) {
-	if !cn.dirty {
-		return
-	}
-	cn.dirty = false
-	c.mu.Lock()
-	if cn.pending != 0 {
-		cn.pending = 0
-		c.ndirty--
-		c.notifyLocked()
-	}
-	c.mu.Unlock()
-}
-
-// notifyLocked wakes the calls of acquire that wait for a change.
-func (c *TCPStore) notifyLocked() {
-	if c.watchers > 0 {
-		close(c.changed)
-		c.changed = make(chan struct{})
-	}
-}
-
-// poolSize returns the number of open connections and of idle ones (for
-// tests).
-func (c *TCPStore) poolSize() (open, idle int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.conns), len(c.idle)
+	return open, len(c.idle)
 }
 
 func (c *TCPStore) wrapIOErr(ctx context.Context, o op, keys []string, start time.Time, err error) error {
@@ -709,115 +538,85 @@ func ctxDeadlineFirst(ctx context.Context, deadline time.Time) bool {
 	return ok && !d.After(deadline)
 }
 
+// wait runs a WAIT for raw keys on a wait connection.
+func (c *TCPStore) wait(ctx context.Context, start time.Time, keys []string) error {
+	return c.withWaitConn(ctx, opWait, keys, start, func(cn *tcpConn) error {
+		return c.waitOn(ctx, cn, start, keys)
+	})
+}
+
 // waitOn sends WAIT for raw keys on cn and waits for STOP_WAITING until the
-// call's deadline; on timeout it cancels the wait with CANCEL_WAIT
-// (DialectV2), or drops the connection (DialectV1, which has no cancel).
-// While writes sent before it on cn are unconfirmed, another call may
-// break the wait off to have them confirmed: the wait is cancelled (whose
-// reply confirms them) and sent again.
+// deadline; on timeout it cancels the wait with CANCEL_WAIT (DialectV2) or
+// drops the connection (DialectV1, which has no cancel).
 func (c *TCPStore) waitOn(ctx context.Context, cn *tcpConn, start time.Time, keys []string) error {
 	code, _ := encodeOp(c.opts.Dialect, opWait)
-	deadline := c.deadline(ctx, start)
-	for {
-		wctx, breakOff := ctx, context.CancelFunc(nil)
-		if cn.dirty && c.opts.Dialect == DialectV2 {
-			wctx, breakOff = context.WithCancel(ctx)
-			c.mu.Lock()
-			cn.interrupt = breakOff
-			c.notifyLocked()
-			c.mu.Unlock()
-		}
-		b := appendU64(append(cn.wbuf[:0], code), uint64(len(keys)))
-		for _, k := range keys {
-			b = appendStr(b, k)
-		}
-		cn.wbuf = b
-		_ = cn.nc.SetDeadline(deadline)
-		stop := interruptOnDone(wctx, cn.nc)
-		_, err := cn.nc.Write(b)
-		var r byte
-		if err == nil {
-			r, err = cn.br.ReadByte()
-		}
-		stop()
-		brokenOff := false
-		if breakOff != nil {
-			c.mu.Lock()
-			cn.interrupt = nil
-			c.mu.Unlock()
-			brokenOff = wctx.Err() != nil && ctx.Err() == nil
-			breakOff()
-		}
-		if err == nil {
-			// A reply, even one that came as ctx ended: honour it.
-			if r != replyStopWait {
-				cn.broken = true
-				return c.errorf(opWait, keys, start, "%w: WAIT reply %d, want STOP_WAITING", errMalformed, r)
-			}
-			c.confirmed(cn)
-			return nil
-		}
-		var ne net.Error
-		timedOut := errors.As(err, &ne) && ne.Timeout()
-		if brokenOff && timedOut && time.Now().Before(deadline) {
-			woken, cerr := c.cancelWait(cn)
-			if cerr != nil {
-				cn.broken = true
-				return c.wrapIOErr(ctx, opWait, keys, start, cerr)
-			}
-			c.confirmed(cn)
-			if woken {
-				return nil
-			}
-			continue
-		}
-		if !timedOut && ctx.Err() == nil {
-			cn.broken = true
-			return c.wrapIOErr(ctx, opWait, keys, start, err)
-		}
-		elapsed := time.Since(start)
-		if c.opts.Dialect == DialectV2 {
-			if _, cerr := c.cancelWait(cn); cerr == nil {
-				c.confirmed(cn)
-			} else {
-				cn.broken = true
-			}
-		} else {
-			cn.broken = true
-		}
-		msg := fmt.Sprintf("wait timeout after %dms, keys: %s", elapsed.Milliseconds(), strings.Join(keys, ", "))
-		switch {
-		case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
-			return c.errorf(opWait, keys, start, "%s: %w", msg, ctx.Err())
-		case ctxDeadlineFirst(ctx, deadline):
-			return c.errorf(opWait, keys, start, "%s: %w: %w", msg, ErrTimeout, context.DeadlineExceeded)
-		}
-		return c.errorf(opWait, keys, start, "%s: %w", msg, ErrTimeout)
+	b := appendU64(append(cn.wbuf[:0], code), uint64(len(keys)))
+	for _, k := range keys {
+		b = appendStr(b, k)
 	}
+	cn.wbuf = b
+	deadline := c.deadline(ctx, start)
+	_ = cn.nc.SetDeadline(deadline)
+	stop := interruptOnDone(ctx, cn.nc)
+	_, err := cn.nc.Write(b)
+	var r byte
+	if err == nil {
+		r, err = cn.br.ReadByte()
+	}
+	stopped := stop()
+	if err == nil && (stopped || r == replyStopWait) {
+		// A reply, even one that came as ctx ended: honour it.
+		if r != replyStopWait {
+			cn.broken = true
+			return c.errorf(opWait, keys, start, "%w: WAIT reply %d, want STOP_WAITING", errMalformed, r)
+		}
+		return nil
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	var ne net.Error
+	timedOut := (errors.As(err, &ne) && ne.Timeout()) || ctx.Err() != nil
+	if !timedOut || c.isClosed() {
+		cn.broken = true
+		return c.wrapIOErr(ctx, opWait, keys, start, err)
+	}
+	elapsed := time.Since(start)
+	if c.opts.Dialect != DialectV2 || c.cancelWait(cn) != nil {
+		cn.broken = true
+	}
+	msg := fmt.Sprintf("wait timeout after %dms, keys: %s", elapsed.Milliseconds(), strings.Join(keys, ", "))
+	switch {
+	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return c.errorf(opWait, keys, start, "%s: %w", msg, ctx.Err())
+	case ctxDeadlineFirst(ctx, deadline):
+		return c.errorf(opWait, keys, start, "%s: %w: %w", msg, ErrTimeout, context.DeadlineExceeded)
+	}
+	return c.errorf(opWait, keys, start, "%s: %w", msg, ErrTimeout)
 }
 
 // cancelWait sends CANCEL_WAIT on cn and reads its reply, after a possible
-// STOP_WAITING that crossed it (woken).
-func (c *TCPStore) cancelWait(cn *tcpConn) (woken bool, err error) {
+// STOP_WAITING that crossed it.
+func (c *TCPStore) cancelWait(cn *tcpConn) error {
 	_ = cn.nc.SetDeadline(time.Now().Add(c.opts.CancelTimeout))
+	defer func() { _ = cn.nc.SetDeadline(time.Time{}) }()
 	code, _ := encodeOp(DialectV2, opCancelWait)
 	if _, err := cn.nc.Write([]byte{code}); err != nil {
-		return false, err
+		return err
 	}
 	r, err := cn.br.ReadByte()
 	if err != nil {
-		return false, err
+		return err
 	}
 	if r == replyStopWait {
-		woken = true
 		if r, err = cn.br.ReadByte(); err != nil {
-			return woken, err
+			return err
 		}
 	}
 	if r != replyWaitCancel {
-		return woken, fmt.Errorf("%w: CANCEL_WAIT reply %d", errMalformed, r)
+		return fmt.Errorf("%w: CANCEL_WAIT reply %d", errMalformed, r)
 	}
-	return woken, nil
+	return nil
 }
 
 func wireKey(k string) string { return keyPrefix + k }
@@ -848,35 +647,28 @@ func (c *TCPStore) Set(ctx context.Context, key string, value []byte) error {
 	return c.call(ctx, opSet, []string{k}, func(b []byte) []byte { return appendStr(appendStr(b, k), value) }, nil)
 }
 
-// Get implements Store: WAIT, then GET, as PyTorch's client.
+// Get implements Store: WAIT, as PyTorch's client, on a wait connection,
+// then GET on the main connection.
 func (c *TCPStore) Get(ctx context.Context, key string) ([]byte, error) {
 	return c.getRaw(ctx, wireKey(key))
 }
 
 func (c *TCPStore) getRaw(ctx context.Context, k string) ([]byte, error) {
-	start := time.Now()
-	keys := []string{k}
-	code, err := c.encode(opGet, keys, start)
-	if err != nil {
+	if err := c.wait(ctx, time.Now(), []string{k}); err != nil {
 		return nil, err
 	}
 	var v []byte
-	err = c.with(ctx, opGet, keys, start, true, func(cn *tcpConn) error {
-		if err := c.waitOn(ctx, cn, start, keys); err != nil {
-			return err
-		}
-		return c.roundTrip(ctx, cn, opGet, keys, start, code, func(b []byte) []byte { return appendStr(b, k) },
-			func(r *reader) error { return readValue(r, &v) })
-	})
-	if err != nil {
-		return nil, err
-	}
-	return v, nil
+	err := c.call(ctx, opGet, []string{k}, func(b []byte) []byte { return appendStr(b, k) },
+		func(r *reader) error { return readValue(r, &v) })
+	return v, err
 }
 
 // Add implements Store.
 func (c *TCPStore) Add(ctx context.Context, key string, delta int64) (int64, error) {
-	k := wireKey(key)
+	return c.add(ctx, wireKey(key), delta)
+}
+
+func (c *TCPStore) add(ctx context.Context, k string, delta int64) (int64, error) {
 	var n int64
 	err := c.call(ctx, opAdd, []string{k}, func(b []byte) []byte { return appendI64(appendStr(b, k), delta) },
 		func(r *reader) error { return readI64(r, &n) })
@@ -913,17 +705,10 @@ func (c *TCPStore) Check(ctx context.Context, keys ...string) (bool, error) {
 	return r == replyReady, nil
 }
 
-// Wait implements Store. On timeout it cancels the server-side wait, so
-// the client stays usable.
+// Wait implements Store, on a wait connection. On timeout it cancels the
+// server-side wait, so the connection stays usable.
 func (c *TCPStore) Wait(ctx context.Context, keys ...string) error {
-	start := time.Now()
-	wk := wireKeys(keys)
-	if _, err := c.encode(opWait, wk, start); err != nil {
-		return err
-	}
-	return c.with(ctx, opWait, wk, start, true, func(cn *tcpConn) error {
-		return c.waitOn(ctx, cn, start, wk)
-	})
+	return c.wait(ctx, time.Now(), wireKeys(keys))
 }
 
 // DeleteKey implements Store.
@@ -973,8 +758,8 @@ func (c *TCPStore) Append(ctx context.Context, key string, value []byte) error {
 	}
 }
 
-// MultiGet implements Store: WAIT for all keys, then MULTI_GET (one GET per
-// key in DialectV1).
+// MultiGet implements Store: WAIT for all keys on a wait connection, then
+// MULTI_GET on the main connection (one Get per key in DialectV1).
 func (c *TCPStore) MultiGet(ctx context.Context, keys []string) ([][]byte, error) {
 	if c.opts.Dialect == DialectV1 {
 		out := make([][]byte, len(keys))
@@ -988,30 +773,23 @@ func (c *TCPStore) MultiGet(ctx context.Context, keys []string) ([][]byte, error
 		return out, nil
 	}
 	wk := wireKeys(keys)
-	start := time.Now()
-	code, err := c.encode(opMultiGet, wk, start)
-	if err != nil {
+	if err := c.wait(ctx, time.Now(), wk); err != nil {
 		return nil, err
 	}
 	out := make([][]byte, len(keys))
-	err = c.with(ctx, opMultiGet, wk, start, true, func(cn *tcpConn) error {
-		if err := c.waitOn(ctx, cn, start, wk); err != nil {
-			return err
+	err := c.call(ctx, opMultiGet, wk, func(b []byte) []byte {
+		b = appendU64(b, uint64(len(wk)))
+		for _, k := range wk {
+			b = appendStr(b, k)
 		}
-		return c.roundTrip(ctx, cn, opMultiGet, wk, start, code, func(b []byte) []byte {
-			b = appendU64(b, uint64(len(wk)))
-			for _, k := range wk {
-				b = appendStr(b, k)
+		return b
+	}, func(r *reader) error {
+		for i := range out {
+			if err := readValue(r, &out[i]); err != nil {
+				return err
 			}
-			return b
-		}, func(r *reader) error {
-			for i := range out {
-				if err := readValue(r, &out[i]); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -1049,39 +827,45 @@ func (c *TCPStore) QueuePush(ctx context.Context, key string, value []byte) erro
 	return c.call(ctx, opQueuePush, []string{k}, func(b []byte) []byte { return appendStr(appendStr(b, k), value) }, nil)
 }
 
-// QueuePop implements Store. A blocking pop waits for the key, then pops,
-// and waits again if another client took the item first.
+// QueuePop implements Store. A non-blocking pop runs on the main
+// connection. A blocking one runs on a wait connection: it waits for the
+// key, then pops, and waits again if another client took the item first.
 func (c *TCPStore) QueuePop(ctx context.Context, key string, block bool) ([]byte, error) {
 	k := wireKey(key)
 	keys := []string{k}
-	start := time.Now()
-	code, err := c.encode(opQueuePop, keys, start)
-	if err != nil {
-		return nil, err
-	}
+	var n int64
 	var v []byte
-	err = c.with(ctx, opQueuePop, keys, start, block, func(cn *tcpConn) error {
-		for {
-			if block {
-				if err := c.waitOn(ctx, cn, start, keys); err != nil {
-					return err
-				}
-			}
-			var n int64
-			err := c.roundTrip(ctx, cn, opQueuePop, keys, start, code, func(b []byte) []byte { return appendStr(b, k) },
-				func(r *reader) error {
-					if err := readI64(r, &n); err != nil || n <= 0 {
-						return err
-					}
-					return readValue(r, &v)
-				})
-			if err != nil || n > 0 {
+	build := func(b []byte) []byte { return appendStr(b, k) }
+	read := func(r *reader) error {
+		if err := readI64(r, &n); err != nil || n <= 0 {
+			return err
+		}
+		return readValue(r, &v)
+	}
+	start := time.Now()
+	if !block {
+		if err := c.call(ctx, opQueuePop, keys, build, read); err != nil {
+			return nil, err
+		}
+		if n <= 0 {
+			return nil, c.errorf(opQueuePop, keys, start, "%w", ErrQueueEmpty)
+		}
+		return v, nil
+	}
+	code, ok := encodeOp(c.opts.Dialect, opQueuePop)
+	if !ok {
+		return nil, c.errorf(opQueuePop, keys, start, "%w: the %s dialect has no %s", ErrUnsupported, c.opts.Dialect, opQueuePop)
+	}
+	err := c.withWaitConn(ctx, opQueuePop, keys, start, func(cn *tcpConn) error {
+		for n <= 0 {
+			if err := c.waitOn(ctx, cn, start, keys); err != nil {
 				return err
 			}
-			if !block {
-				return c.errorf(opQueuePop, keys, start, "%w", ErrQueueEmpty)
+			if err := c.roundTrip(ctx, cn, opQueuePop, keys, start, code, build, read); err != nil {
+				return err
 			}
 		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -1171,11 +955,11 @@ func (c *TCPStore) WaitForWorkers(ctx context.Context, n int) error {
 	}
 }
 
-// Close implements Store: it closes every connection, idle or in use, so
-// that calls in flight fail at once with ErrClosed, and, for a master from
-// NewTCPStore, the server.
+// Close implements Store: it closes every connection, the main one and the
+// wait ones, idle or in use, so that calls in flight fail at once with
+// ErrClosed, and, for a master from NewTCPStore, the server.
 func (c *TCPStore) Close() error {
-	c.mu.Lock()
+	c.cmu.Lock()
 	if !c.closed {
 		c.closed = true
 		c.kill()
@@ -1183,10 +967,9 @@ func (c *TCPStore) Close() error {
 			_ = cn.nc.Close()
 		}
 		clear(c.conns)
-		c.idle, c.ndirty = nil, 0
-		c.notifyLocked()
+		c.idle = nil
 	}
-	c.mu.Unlock()
+	c.cmu.Unlock()
 	if c.server != nil {
 		return c.server.Close()
 	}
