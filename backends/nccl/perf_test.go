@@ -146,13 +146,12 @@ func TestPerfRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tcp.Close()
-	st := pollStore{tcp}
 	step := func(what string) {
 		fmt.Fprintf(os.Stderr, "rank %d: %s (%s)\n", r, what, time.Now().Format("15:04:05.000"))
 	}
 	step("store connected")
 	dev := tensor.CUDADevice(r)
-	b, err := New(context.Background(), backend.Config{Store: st, Rank: r, WorldSize: world, GroupName: "0", GroupDesc: "perf",
+	b, err := New(context.Background(), backend.Config{Store: tcp, Rank: r, WorldSize: world, GroupName: "0", GroupDesc: "perf",
 		Timeout: time.Minute, Device: &dev, Options: testOpts()})
 	if err != nil {
 		t.Fatal(err)
@@ -326,30 +325,4 @@ func BenchmarkAsyncAllreduceHostCost(b *testing.B) {
 		return nil
 	})
 	b.ReportMetric(float64(raw[0].Nanoseconds())/float64(b.N), "raw-nccl-host-ns/call")
-}
-
-// pollStore waits for keys by polling Check: on 2026-11-29 the TCPStore
-// client's Get of a key set later by another client never returned (the
-// store owner has the report), which hung the multi-process run.
-type pollStore struct{ store.Store }
-
-func (p pollStore) Wait(ctx context.Context, keys ...string) error {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		ok, err := p.Store.Check(ctx, keys...)
-		if err != nil || ok {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pollStore: keys %v never appeared", keys)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-func (p pollStore) Get(ctx context.Context, key string) ([]byte, error) {
-	if err := p.Wait(ctx, key); err != nil {
-		return nil, err
-	}
-	return p.Store.Get(ctx, key)
 }
