@@ -204,25 +204,23 @@ func (e *childEnv) allreduce(timeout time.Duration) (time.Duration, error) {
 }
 
 // hold closes a stream gate on the current stream, so that what is queued
-// after it never starts. The gate stays closed: the process ends with it.
-func (e *childEnv) hold() error {
+// after it never starts. Unless a scenario opens it, the gate stays closed
+// until the process ends.
+func (e *childEnv) hold() (*cuda.Gate, error) {
 	if e.dev == nil {
-		return errors.New("this scenario gates a CUDA stream and needs a GPU")
+		return nil, errors.New("this scenario gates a CUDA stream and needs a GPU")
 	}
 	g, err := e.dev.NewGate()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return g.Hold(e.cur)
+	return g, g.Hold(e.cur)
 }
 
 // policy: a gated allreduce times out; what follows is the policy's.
 func (e *childEnv) policy() error {
-	g, err := e.dev.NewGate()
+	g, err := e.hold()
 	if err != nil {
-		return err
-	}
-	if err := g.Hold(e.cur); err != nil {
 		return err
 	}
 	el, err := e.allreduce(childOpTimeout)
@@ -274,7 +272,7 @@ func (e *childEnv) kill() error {
 	bg := context.Background()
 	if e.cfg.Rank != 0 {
 		if e.dev != nil {
-			if err := e.hold(); err != nil {
+			if _, err := e.hold(); err != nil {
 				return err
 			}
 			if _, err := e.pg.Allreduce(e.ctx, []*tensor.Tensor{e.x}, backend.AllreduceOptions{Timeout: 30 * time.Second}); err != nil {
@@ -332,7 +330,7 @@ func (e *childEnv) abort() error {
 func (e *childEnv) remote() error {
 	timeout := 30 * time.Second
 	if e.cfg.Rank == 0 {
-		if err := e.hold(); err != nil {
+		if _, err := e.hold(); err != nil {
 			return err
 		}
 		timeout = childOpTimeout
