@@ -23,15 +23,15 @@ import (
 //
 // The log only grows; it suits rendezvous data, not a long-lived database.
 type FileStore struct {
-	path    string
-	mu      sync.Mutex
-	f       *os.File
-	off     int64
-	kv      map[string][]byte
-	queues  map[string][][]byte
-	refs    int64
-	timeout time.Duration
-	closed  bool
+	timeoutSetting
+	path   string
+	mu     sync.Mutex
+	f      *os.File
+	off    int64
+	kv     map[string][]byte
+	queues map[string][][]byte
+	refs   int64
+	closed bool
 }
 
 // FileStore record kinds.
@@ -50,7 +50,8 @@ func NewFileStore(path string) (*FileStore, error) {
 	if path == "" {
 		return nil, errors.New("store: NewFileStore: empty path")
 	}
-	s := &FileStore{path: path, timeout: DefaultTimeout}
+	s := &FileStore{path: path}
+	s.SetTimeout(DefaultTimeout)
 	if err := s.open(); err != nil {
 		return nil, err
 	}
@@ -395,20 +396,6 @@ func (s *FileStore) ListKeys(ctx context.Context) ([]string, error) {
 	})
 	slices.Sort(keys)
 	return keys, err
-}
-
-// SetTimeout implements Store.
-func (s *FileStore) SetTimeout(d time.Duration) {
-	s.mu.Lock()
-	s.timeout = d
-	s.mu.Unlock()
-}
-
-// Timeout implements Store.
-func (s *FileStore) Timeout() time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.timeout
 }
 
 // Clone implements Store: a new handle on the same file, counted in it.

@@ -13,9 +13,8 @@ import (
 // HashStore is an in-process Store, for ranks that are goroutines of one
 // process and for tests. Clones share the data.
 type HashStore struct {
-	d       *hashData
-	mu      sync.Mutex
-	timeout time.Duration
+	timeoutSetting
+	d *hashData
 }
 
 type hashData struct {
@@ -27,7 +26,9 @@ type hashData struct {
 
 // NewHashStore returns an empty HashStore with DefaultTimeout.
 func NewHashStore() *HashStore {
-	return &HashStore{d: &hashData{kv: map[string][]byte{}, queues: map[string][][]byte{}, changed: make(chan struct{})}, timeout: DefaultTimeout}
+	s := &HashStore{d: &hashData{kv: map[string][]byte{}, queues: map[string][][]byte{}, changed: make(chan struct{})}}
+	s.SetTimeout(DefaultTimeout)
+	return s
 }
 
 // notify wakes every waiter. Callers hold d.mu.
@@ -258,23 +259,11 @@ func (s *HashStore) ListKeys(ctx context.Context) ([]string, error) {
 	return keys, nil
 }
 
-// SetTimeout implements Store.
-func (s *HashStore) SetTimeout(d time.Duration) {
-	s.mu.Lock()
-	s.timeout = d
-	s.mu.Unlock()
-}
-
-// Timeout implements Store.
-func (s *HashStore) Timeout() time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.timeout
-}
-
 // Clone implements Store: the clone shares the data and copies the timeout.
 func (s *HashStore) Clone() (Store, error) {
-	return &HashStore{d: s.d, timeout: s.Timeout()}, nil
+	c := &HashStore{d: s.d}
+	c.SetTimeout(s.Timeout())
+	return c, nil
 }
 
 // Close implements Store. The data stays for other clones.

@@ -444,6 +444,16 @@ func (c *srvConn) key() (string, error) {
 
 func (c *srvConn) value() ([]byte, error) { return c.rd.bytes("value", c.s.opts.MaxValueLen) }
 
+// keyValue reads a key, then a value.
+func (c *srvConn) keyValue() (string, []byte, error) {
+	k, err := c.key()
+	if err != nil {
+		return "", nil, err
+	}
+	v, err := c.value()
+	return k, v, err
+}
+
 // handleOne reads and executes one request.
 func (c *srvConn) handleOne() error {
 	code, err := c.rd.u8()
@@ -469,11 +479,7 @@ func (c *srvConn) handleOne() error {
 		flushAll(wake)
 
 	case opCompareSet:
-		k, err := c.key()
-		if err != nil {
-			return err
-		}
-		exp, err := c.value()
+		k, exp, err := c.keyValue()
 		if err != nil {
 			return err
 		}
@@ -607,11 +613,7 @@ func (c *srvConn) handleOne() error {
 		c.replyFn(func(b []byte) []byte { return appendI64(b, r) })
 
 	case opAppend:
-		k, err := c.key()
-		if err != nil {
-			return err
-		}
-		v, err := c.value()
+		k, v, err := c.keyValue()
 		if err != nil {
 			return err
 		}
@@ -649,11 +651,7 @@ func (c *srvConn) handleOne() error {
 		vals := make([][]byte, 0, min(n, 1024))
 		total := 0
 		for range n {
-			k, err := c.key()
-			if err != nil {
-				return err
-			}
-			v, err := c.value()
+			k, v, err := c.keyValue()
 			if err != nil {
 				return err
 			}
@@ -685,11 +683,7 @@ func (c *srvConn) handleOne() error {
 		c.replyFn(func(b []byte) []byte { return appendU32(b, n) })
 
 	case opQueuePush:
-		k, err := c.key()
-		if err != nil {
-			return err
-		}
-		v, err := c.value()
+		k, v, err := c.keyValue()
 		if err != nil {
 			return err
 		}

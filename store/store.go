@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 )
 
@@ -76,3 +77,13 @@ type Store interface {
 	// Close releases the handle.
 	Close() error
 }
+
+// timeoutSetting is a store handle's timeout. Embedded, it gives every
+// store of this package Store's SetTimeout and Timeout.
+type timeoutSetting struct{ d atomic.Int64 }
+
+// SetTimeout implements Store.
+func (t *timeoutSetting) SetTimeout(d time.Duration) { t.d.Store(int64(d)) }
+
+// Timeout implements Store.
+func (t *timeoutSetting) Timeout() time.Duration { return time.Duration(t.d.Load()) }

@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -130,10 +129,10 @@ const maxIdleConns = 4
 // User keys are sent with PyTorch's "/" prefix, so Go and PyTorch clients of
 // one server see the same keys.
 type TCPStore struct {
-	addr    string
-	opts    ClientOptions
-	timeout atomic.Int64
-	server  *TCPServer // owned, from NewTCPStore with IsMaster
+	addr string
+	opts ClientOptions
+	timeoutSetting
+	server *TCPServer // owned, from NewTCPStore with IsMaster
 
 	// life ends at Close; it stops dials.
 	life context.Context
@@ -172,7 +171,7 @@ func DialTCPStore(ctx context.Context, addr string, opts ClientOptions) (*TCPSto
 		return nil, fmt.Errorf("store: bad address %q: %w", addr, err)
 	}
 	c := &TCPStore{addr: addr, opts: opts, conns: map[*tcpConn]struct{}{}}
-	c.timeout.Store(int64(opts.Timeout))
+	c.SetTimeout(opts.Timeout)
 	c.life, c.kill = context.WithCancel(context.Background())
 	cn, err := c.dial(ctx, opInvalid, nil, time.Now(), false)
 	if err != nil {
@@ -908,12 +907,6 @@ func (c *TCPStore) ListKeys(ctx context.Context) ([]string, error) {
 	slices.Sort(keys)
 	return keys, err
 }
-
-// SetTimeout implements Store.
-func (c *TCPStore) SetTimeout(d time.Duration) { c.timeout.Store(int64(d)) }
-
-// Timeout implements Store.
-func (c *TCPStore) Timeout() time.Duration { return time.Duration(c.timeout.Load()) }
 
 // Clone implements Store: an independent TCPStore (its own connections) on
 // the same server, with the same options and timeout, that does not
