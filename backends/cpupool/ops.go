@@ -206,19 +206,9 @@ func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.
 // (uneven all-gather) as long as every rank passes the same ones.
 func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherOptions) (backend.Work, error) {
 	op := backend.OpAllgather
-	if len(inputs) != 1 || len(outputs) != 1 || len(outputs[0]) != b.cfg.WorldSize {
-		return nil, b.invalid(op, m, "requires one input and one output list of world_size tensors")
-	}
-	in, err := b.host(op, m, inputs...)
+	in, blocks, err := b.blockBuffers(op, m, inputs, outputs, "input", "output")
 	if err != nil {
 		return nil, err
-	}
-	blocks, err := b.host(op, m, outputs[0]...)
-	if err != nil {
-		return nil, err
-	}
-	if len(blocks[b.cfg.Rank]) != len(in[0]) {
-		return nil, b.invalid(op, m, "invalid tensor size: output %d has %d bytes, the input %d", b.cfg.Rank, len(blocks[b.cfg.Rank]), len(in[0]))
 	}
 	return b.collective(ctx, op, m, opts.Timeout, outputs[0], func(ctx context.Context, tag uint64) error {
 		copy(blocks[b.cfg.Rank], in[0])
@@ -366,19 +356,9 @@ func (b *Backend) reduceScatterPacked(ctx context.Context, tag uint64, k reduce.
 // rank (uneven reduce-scatter) as long as every rank passes the same ones.
 func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ReduceScatterOptions) (backend.Work, error) {
 	op := backend.OpReduceScatter
-	if len(outputs) != 1 || len(inputs) != 1 || len(inputs[0]) != b.cfg.WorldSize {
-		return nil, b.invalid(op, m, "requires one output and one input list of world_size tensors")
-	}
-	out, err := b.host(op, m, outputs...)
+	out, ins, err := b.blockBuffers(op, m, outputs, inputs, "output", "input")
 	if err != nil {
 		return nil, err
-	}
-	ins, err := b.host(op, m, inputs[0]...)
-	if err != nil {
-		return nil, err
-	}
-	if len(ins[b.cfg.Rank]) != len(out[0]) {
-		return nil, b.invalid(op, m, "invalid tensor size: input %d has %d bytes, the output %d", b.cfg.Rank, len(ins[b.cfg.Rank]), len(out[0]))
 	}
 	k, err := b.kernel(op, m, outputs[0].DType(), opts.ReduceOp)
 	if err != nil {
@@ -567,6 +547,30 @@ func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tens
 	return b.collective(ctx, op, m, opts.Timeout, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
 		return coll.Alltoall(ctx, b.comm, tag, outs, ins)
 	})
+}
+
+// blockBuffers checks and maps the tensors of allgather (one input, one
+// list of world-size outputs) and of reduce_scatter (the mirror image): one
+// is this rank's single tensor, lists the list of blocks. Blocks may differ
+// in size across ranks (uneven collectives); this rank's own block must be
+// one's size. It returns one's buffer as a one-element slice and the
+// blocks' buffers.
+func (b *Backend) blockBuffers(op backend.Op, m backend.Meta, one []*tensor.Tensor, lists [][]*tensor.Tensor, oneName, listName string) ([][]byte, [][]byte, error) {
+	if len(one) != 1 || len(lists) != 1 || len(lists[0]) != b.cfg.WorldSize {
+		return nil, nil, b.invalid(op, m, "requires one %s and one %s list of world_size tensors", oneName, listName)
+	}
+	single, err := b.host(op, m, one...)
+	if err != nil {
+		return nil, nil, err
+	}
+	blocks, err := b.host(op, m, lists[0]...)
+	if err != nil {
+		return nil, nil, err
+	}
+	if own := blocks[b.cfg.Rank]; len(own) != len(single[0]) {
+		return nil, nil, b.invalid(op, m, "invalid tensor size: %s %d has %d bytes, the %s %d", listName, b.cfg.Rank, len(own), oneName, len(single[0]))
+	}
+	return single, blocks, nil
 }
 
 // rootedBuffers checks and maps the tensors of gather (one input, and on

@@ -169,6 +169,15 @@ func (e *rankEnv) read(t *tensor.Tensor) ([]float64, error) {
 	return h.Float64s()
 }
 
+// expect reads t back (blocking) and compares it with want.
+func (e *rankEnv) expect(t *tensor.Tensor, want func(i int) float64) error {
+	got, err := e.read(t)
+	if err != nil {
+		return err
+	}
+	return expect(got, want)
+}
+
 func expect(got []float64, want func(i int) float64) error {
 	for i, g := range got {
 		if w := want(i); g != w {

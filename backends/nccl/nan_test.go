@@ -103,11 +103,7 @@ func TestNaNCheck(t *testing.T) {
 		if err := w.WaitHost(e.ctx); err != nil {
 			return err
 		}
-		got, err := e.read(x)
-		if err != nil {
-			return err
-		}
-		return expect(got, func(int) float64 { return 1 })
+		return e.expect(x, func(int) float64 { return 1 })
 	})
 	each(t, envs[:2], func(e *rankEnv) error {
 		x, err := e.nanTensor(tensor.Float32, 1024, map[int]int{0: -1, 1: 7}[e.r])
@@ -128,11 +124,7 @@ func TestNaNCheck(t *testing.T) {
 		if err := w.WaitHost(e.ctx); err != nil {
 			return err
 		}
-		got, err := e.read(x)
-		if err != nil {
-			return err
-		}
-		return expect(got, func(int) float64 { return 1 })
+		return e.expect(x, func(int) float64 { return 1 })
 	})
 }
 

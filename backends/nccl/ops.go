@@ -749,27 +749,39 @@ func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tens
 	return b.submit(ctx, m, dev, opts.Async, ins, outs, calls)
 }
 
+// rooted checks the tensors of gather and scatter: this rank's own single
+// tensor (one) and, on the root, one list (lists[0], named listName in
+// errors) of a tensor per rank. It returns them with their device and NCCL
+// type; the list is nil off the root.
+func (b *Backend) rooted(m backend.Meta, one []*tensor.Tensor, lists [][]*tensor.Tensor, root int, listName string) (*tensor.Tensor, []*tensor.Tensor, int, C.int, error) {
+	if len(one) != 1 {
+		return nil, nil, 0, 0, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("NCCL takes one tensor per process"))
+	}
+	own := one[0]
+	var list []*tensor.Tensor
+	if b.rank == root {
+		if len(lists) != 1 || len(lists[0]) != b.size {
+			return nil, nil, 0, 0, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("the root needs one list of %d %s", b.size, listName))
+		}
+		list = lists[0]
+	}
+	dev, err := device(m.Op, append([]*tensor.Tensor{own}, list...)...)
+	if err != nil {
+		return nil, nil, 0, 0, b.wrapErr(m, err)
+	}
+	dt, err := ncclType(own.DType())
+	if err != nil {
+		return nil, nil, 0, 0, b.wrapErr(m, err)
+	}
+	return own, list, dev, dt, nil
+}
+
 // Gather implements backend.Backend: sends to the root, which receives one
 // per rank (sizes may differ).
 func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions) (backend.Work, error) {
-	if len(inputs) != 1 {
-		return nil, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("NCCL takes one tensor per process"))
-	}
-	in := inputs[0]
-	var outs []*tensor.Tensor
-	if b.rank == opts.RootRank {
-		if len(outputs) != 1 || len(outputs[0]) != b.size {
-			return nil, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("the root needs one list of %d outputs", b.size))
-		}
-		outs = outputs[0]
-	}
-	dev, err := device(m.Op, append([]*tensor.Tensor{in}, outs...)...)
+	in, outs, dev, dt, err := b.rooted(m, inputs, outputs, opts.RootRank, "outputs")
 	if err != nil {
-		return nil, b.wrapErr(m, err)
-	}
-	dt, err := ncclType(in.DType())
-	if err != nil {
-		return nil, b.wrapErr(m, err)
+		return nil, err
 	}
 	calls := []call{{kind: C.GN_SEND, send: in.Ptr(), count: in.Numel(), dt: dt, root: opts.RootRank}}
 	for r, o := range outs {
@@ -781,24 +793,9 @@ func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tenso
 // Scatter implements backend.Backend: the root sends one block per rank,
 // every rank receives its own.
 func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions) (backend.Work, error) {
-	if len(outputs) != 1 {
-		return nil, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("NCCL takes one tensor per process"))
-	}
-	out := outputs[0]
-	var ins []*tensor.Tensor
-	if b.rank == opts.RootRank {
-		if len(inputs) != 1 || len(inputs[0]) != b.size {
-			return nil, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("the root needs one list of %d inputs", b.size))
-		}
-		ins = inputs[0]
-	}
-	dev, err := device(m.Op, append([]*tensor.Tensor{out}, ins...)...)
+	out, ins, dev, dt, err := b.rooted(m, outputs, inputs, opts.RootRank, "inputs")
 	if err != nil {
-		return nil, b.wrapErr(m, err)
-	}
-	dt, err := ncclType(out.DType())
-	if err != nil {
-		return nil, b.wrapErr(m, err)
+		return nil, err
 	}
 	var calls []call
 	for r, in := range ins {

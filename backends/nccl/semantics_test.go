@@ -66,11 +66,7 @@ func TestAsyncReturnsWhileCurrentStreamGated(t *testing.T) {
 		if err := w.Wait(e.ctx); err != nil {
 			return err
 		}
-		got, err := e.read(x)
-		if err != nil {
-			return err
-		}
-		return expect(got, func(int) float64 { return sumRanks(e.n) })
+		return e.expect(x, func(int) float64 { return sumRanks(e.n) })
 	})
 }
 
@@ -157,11 +153,7 @@ func TestWaitOrdersOnlyTheWaitingStream(t *testing.T) {
 		if err := w2.Wait(e.ctx); err != nil {
 			return err
 		}
-		got, err := e.read(x)
-		if err != nil {
-			return err
-		}
-		return expect(got, func(int) float64 { return sumRanks(e.n) * float64(e.n) })
+		return e.expect(x, func(int) float64 { return sumRanks(e.n) * float64(e.n) })
 	})
 }
 
@@ -202,11 +194,7 @@ func TestSyncModeRunsOnCurrentStream(t *testing.T) {
 			return errors.New("sync op completed while its stream is gated")
 		}
 		g.Open()
-		got, err := e.read(x)
-		if err != nil {
-			return err
-		}
-		return expect(got, func(int) float64 { return sumRanks(e.n) })
+		return e.expect(x, func(int) float64 { return sumRanks(e.n) })
 	})
 }
 
@@ -611,11 +599,7 @@ func TestGraphCaptureSkipsWatchdog(t *testing.T) {
 		if err := gr.Launch(e.cur); err != nil {
 			return err
 		}
-		got, err := e.read(x)
-		if err != nil {
-			return err
-		}
-		return expect(got, func(int) float64 { return sumRanks(e.n) })
+		return e.expect(x, func(int) float64 { return sumRanks(e.n) })
 	})
 }
 
@@ -646,11 +630,7 @@ func TestInitVariants(t *testing.T) {
 			if _, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{}); err != nil {
 				return err
 			}
-			got, err := e.read(x)
-			if err != nil {
-				return err
-			}
-			return expect(got, func(int) float64 { return sumRanks(e.n) })
+			return e.expect(x, func(int) float64 { return sumRanks(e.n) })
 		})
 	}
 	t.Run("nonblocking", func(t *testing.T) {
