@@ -331,9 +331,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // serverConns counts the connections the server holds.
 func serverConns(s *TCPServer) int {
-	s.connMu.Lock()
-	defer s.connMu.Unlock()
-	return len(s.conns)
+	return s.numConns()
 }
 
 // TestTCPStoreIdleBound: sequential calls use the main connection and one

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/gocoll/gocoll/internal/uring"
 )
 
 // DefaultPort is PyTorch's default TCPStore port.
@@ -50,6 +52,56 @@ type ServerOptions struct {
 	// Logger receives one line per refused or malformed connection. Nil
 	// means a text logger on standard error.
 	Logger *slog.Logger
+	// Engine selects how connections are driven. The zero value,
+	// EngineAuto, reads GOCOLL_STORE_ENGINE and otherwise uses io_uring
+	// where the kernel has it.
+	Engine Engine
+}
+
+// Engine is how a TCPServer drives its connections. Both engines speak the
+// same protocol with the same limits; they differ in cost per request.
+type Engine int
+
+const (
+	// EngineAuto is EngineRing where the kernel offers io_uring (Linux 6.1
+	// or later, not disabled by kernel.io_uring_disabled), else
+	// EngineGoroutines.
+	EngineAuto Engine = iota
+	// EngineGoroutines gives each connection a goroutine over Go's
+	// network poller.
+	EngineGoroutines
+	// EngineRing serves TCP connections from one thread through io_uring:
+	// one system call per batch of requests, no goroutine switch per
+	// request. Connections accepted from a non-TCP Listener still get a
+	// goroutine. NewTCPServer fails where io_uring is not available.
+	EngineRing
+)
+
+// EngineEnv names the environment variable read when ServerOptions.Engine
+// is EngineAuto: "auto", "ring" or "goroutines".
+const EngineEnv = "GOCOLL_STORE_ENGINE"
+
+// String returns "auto", "goroutines" or "ring".
+func (e Engine) String() string {
+	switch e {
+	case EngineAuto:
+		return "auto"
+	case EngineGoroutines:
+		return "goroutines"
+	case EngineRing:
+		return "ring"
+	}
+	return fmt.Sprintf("Engine(%d)", int(e))
+}
+
+// ParseEngine parses the names String returns.
+func ParseEngine(s string) (Engine, error) {
+	for _, e := range []Engine{EngineAuto, EngineGoroutines, EngineRing} {
+		if s == e.String() {
+			return e, nil
+		}
+	}
+	return 0, fmt.Errorf("store: unknown engine %q (want auto, ring or goroutines)", s)
 }
 
 func (o *ServerOptions) fill() {
@@ -96,6 +148,7 @@ type TCPServer struct {
 	ln   net.Listener
 	st   *serverState
 	log  *slog.Logger
+	ring *ringEngine // nil: every connection has its own goroutine
 
 	connMu sync.Mutex
 	conns  map[*srvConn]struct{}
@@ -128,6 +181,15 @@ func newServerState() *serverState {
 // it. ctx bounds only the bind.
 func NewTCPServer(ctx context.Context, opts ServerOptions) (*TCPServer, error) {
 	opts.fill()
+	if opts.Engine == EngineAuto {
+		if v := os.Getenv(EngineEnv); v != "" {
+			e, err := ParseEngine(v)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", EngineEnv, err)
+			}
+			opts.Engine = e
+		}
+	}
 	ln := opts.Listener
 	if ln == nil {
 		var lc net.ListenConfig
@@ -138,6 +200,18 @@ func NewTCPServer(ctx context.Context, opts ServerOptions) (*TCPServer, error) {
 		}
 	}
 	s := &TCPServer{opts: opts, ln: ln, st: newServerState(), log: opts.Logger, conns: map[*srvConn]struct{}{}}
+	if opts.Engine != EngineGoroutines {
+		ring, err := startRing(s)
+		switch {
+		case err == nil:
+			s.ring = ring
+		case opts.Engine == EngineRing || !errors.Is(err, uring.ErrUnsupported):
+			if opts.Listener == nil {
+				_ = ln.Close()
+			}
+			return nil, fmt.Errorf("store: tcp server on %s: %w", opts.Addr, err)
+		}
+	}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -169,8 +243,22 @@ func (s *TCPServer) Close() error {
 		_ = c.nc.Close()
 	}
 	s.connMu.Unlock()
+	if s.ring != nil {
+		s.ring.stop()
+	}
 	s.wg.Wait()
 	return err
+}
+
+// numConns counts the open client connections.
+func (s *TCPServer) numConns() int {
+	s.connMu.Lock()
+	n := len(s.conns)
+	s.connMu.Unlock()
+	if s.ring != nil {
+		n += s.ring.numConns()
+	}
+	return n
 }
 
 func (s *TCPServer) acceptLoop() {
@@ -244,6 +332,10 @@ type srvConn struct {
 	// guarded by st.mu
 	waits []*waitReq
 	dead  bool
+
+	// Set when the ring engine drives the connection.
+	ring  *ringEngine
+	rconn *ringConn
 }
 
 func (s *TCPServer) newConn(nc net.Conn, w io.Writer) *srvConn {
@@ -260,18 +352,29 @@ func (s *TCPServer) newConn(nc net.Conn, w io.Writer) *srvConn {
 	return c
 }
 
-// serve runs the connection until EOF, a malformed request or Close.
+// serve runs the connection until EOF, a malformed request or Close, or
+// until the ring engine adopts it after the handshake.
 func (c *srvConn) serve() {
-	defer c.teardown()
 	if len(c.s.opts.Secret) > 0 {
 		if err := c.authenticate(); err != nil {
 			c.s.log.Warn("store server: refused client", "remote", c.remote, "err", err)
+			c.teardown()
 			return
 		}
 	}
-	err := c.serveStream()
+	if c.s.ring != nil && c.s.ring.adopt(c) {
+		return
+	}
+	defer c.teardown()
+	c.logEnd(c.serveStream())
+}
+
+// logEnd logs why a connection ended, unless the client just left.
+func (c *srvConn) logEnd(err error) {
 	switch {
 	case err == nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), isConnReset(err):
+	case errors.Is(err, errFrameMismatch):
+		c.s.log.Error("store server: closing connection", "remote", c.remote, "dialect", c.dialect.String(), "err", err)
 	case errors.Is(err, errMalformed):
 		c.s.log.Warn("store server: closing connection", "remote", c.remote, "dialect", c.dialect.String(), "err", err)
 	default:
@@ -367,6 +470,10 @@ func (c *srvConn) flush() error {
 // wakeFlush flushes a connection from another goroutine, after a write of
 // this one completed its WAIT.
 func (c *srvConn) wakeFlush() {
+	if c.ring != nil {
+		c.ring.kick(c)
+		return
+	}
 	go func() {
 		if err := c.flush(); err != nil && c.nc != nil {
 			_ = c.nc.Close()

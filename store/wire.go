@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -142,7 +141,7 @@ var errMalformed = errors.New("malformed request")
 // reader reads protocol fields from a buffered stream, allocating only as
 // data arrives, so a length field alone cannot make it allocate.
 type reader struct {
-	r *bufio.Reader
+	r byteSource
 }
 
 func (r *reader) u8() (byte, error) { return r.r.ReadByte() }

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gocoll/gocoll/store"
 )
 
 // result is one benchmark row.
@@ -48,6 +50,8 @@ func bench(args []string) error {
 	serverProcs := fs.Int("server-procs", 1, "GOMAXPROCS of our server processes (0: Go's default)")
 	repeat := fs.Int("repeat", 1, "measure each row this many times, the servers taking turns, and report the median one (by ops/s closed loop, by p99 open loop) with the range")
 	extAddr := fs.String("addr", "", "measure the server already listening here instead of starting ours (for profiling it)")
+	enginesFlag := fs.String("engines", "auto", "engines of our server to measure, each in its own process: auto, ring, goroutines (comma-separated)")
+	clientKind := fs.String("client", "ring", "closed-loop client: ring (io_uring, one system call per batch) or epoll (a read or write per request); open-loop rows always use epoll")
 	_ = fs.Parse(args)
 	conns, err := intList(*connsFlag)
 	if err != nil {
@@ -64,19 +68,31 @@ func bench(args []string) error {
 	}
 	// Each server runs in its own process, pinned apart from the client, so
 	// that neither shares a Go runtime or a core with the client.
+	if *clientKind != "ring" && *clientKind != "epoll" {
+		return fmt.Errorf("--client %q: want ring or epoll", *clientKind)
+	}
 	var targets []benchTarget
 	if *extAddr != "" {
 		targets = append(targets, benchTarget{"gocoll", *extAddr, 0})
 	} else {
-		gaddr, gpid, gstop, err := startOurServer("", *serverCPU, *serverProcs)
-		if err != nil {
-			return err
+		for e := range strings.SplitSeq(*enginesFlag, ",") {
+			if _, err := store.ParseEngine(e); err != nil {
+				return err
+			}
+			gaddr, gpid, gstop, err := startOurServer("", *serverCPU, *serverProcs, e)
+			if err != nil {
+				return fmt.Errorf("our server, engine %s: %w", e, err)
+			}
+			defer gstop()
+			name := "gocoll"
+			if e != "auto" {
+				name += " " + e
+			}
+			targets = append(targets, benchTarget{name, gaddr, gpid})
 		}
-		defer gstop()
-		targets = append(targets, benchTarget{"gocoll", gaddr, gpid})
 	}
 	if *baseline != "" {
-		addr, pid, stop, err := startOurServer(*baseline, *serverCPU, *serverProcs)
+		addr, pid, stop, err := startOurServer(*baseline, *serverCPU, *serverProcs, "")
 		if err != nil {
 			return fmt.Errorf("baseline server: %w", err)
 		}
@@ -99,13 +115,13 @@ func bench(args []string) error {
 	if *serverCPU != "" || *clientCPU >= 0 {
 		pin = fmt.Sprintf("client loop pinned to CPU %d, servers to CPU %s", *clientCPU, *serverCPU)
 	}
-	fmt.Printf("# gocoll-store bench: %s, %d CPUs, %s, our server GOMAXPROCS=%d, %v per row, loadavg %s",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), pin, *serverProcs, *dur, load)
+	fmt.Printf("# gocoll-store bench: %s, %d CPUs, %s, our server GOMAXPROCS=%d, %v per row, %s closed-loop client, loadavg %s",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), pin, *serverProcs, *dur, *clientKind, load)
 	fmt.Println("# op = set + get of a 16-byte value, as a PyTorch 1.x client sends it: SET+WAIT in one write, read STOP_WAITING, GET, read the value")
 	fmt.Println()
 	run := func(tg benchTarget, n, rate int) (result, error) {
 		cpu0, t0 := procCPU(tg.pid), time.Now()
-		r, err := runLoop(loopConfig{addr: tg.addr, conns: n, rate: rate, dur: *dur, cpu: *clientCPU})
+		r, err := runLoop(loopConfig{addr: tg.addr, conns: n, rate: rate, dur: *dur, cpu: *clientCPU, ring: *clientKind == "ring"})
 		if err != nil {
 			return r, fmt.Errorf("%s with %d connections: %w", tg.name, n, err)
 		}
@@ -187,12 +203,14 @@ func bench(args []string) error {
 	if torchName != "" {
 		fmt.Println()
 		for _, n := range conns {
-			g, t := closed["gocoll"][n], closed[torchName][n]
-			line := fmt.Sprintf("- %d connections: gocoll/torch throughput = %.2f×", n, g.opsPerSec()/t.opsPerSec())
-			if b, ok := closed["gocoll baseline"][n]; ok {
-				line += fmt.Sprintf(" (baseline/torch %.2f×)", b.opsPerSec()/t.opsPerSec())
+			t := closed[torchName][n]
+			var ratios []string
+			for _, tg := range targets {
+				if tg.name != torchName {
+					ratios = append(ratios, fmt.Sprintf("%s %.2f×", tg.name, closed[tg.name][n].opsPerSec()/t.opsPerSec()))
+				}
 			}
-			fmt.Println(line)
+			fmt.Printf("- %d connections, throughput over torch's: %s\n", n, strings.Join(ratios, ", "))
 		}
 	}
 	load, _ = os.ReadFile("/proc/loadavg")

@@ -14,6 +14,7 @@ type loopConfig struct {
 	rate  int
 	dur   time.Duration
 	cpu   int
+	ring  bool
 }
 
 func runLoop(loopConfig) (result, error) {

@@ -147,14 +147,14 @@ func startTorchServer(py, cpu string) (addr, version string, pid int, stop func(
 
 // startOurServer runs "EXE serve" on a free loopback port, on cpu, with
 // GOMAXPROCS=procs when procs > 0. exe empty means this program.
-func startOurServer(exe, cpu string, procs int) (addr string, pid int, stop func(), err error) {
+func startOurServer(exe, cpu string, procs int, engine string) (addr string, pid int, stop func(), err error) {
 	if exe == "" {
 		if exe, err = os.Executable(); err != nil {
 			return "", 0, nil, err
 		}
 	}
 	cmd := pinned(cpu, exe, "serve", "--addr", "127.0.0.1:0")
-	cmd.Env = append(os.Environ(), store.SecretEnv+"=")
+	cmd.Env = append(os.Environ(), store.SecretEnv+"=", store.EngineEnv+"="+engine)
 	if procs > 0 {
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(procs))
 	}
