@@ -3,6 +3,7 @@ package store
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -60,6 +61,64 @@ func FuzzServerParser(f *testing.F) {
 			if len(k) > opts.MaxKeyLen || len(v) > opts.MaxValueLen+20 {
 				t.Fatalf("stored key %d bytes / value %d bytes over the limits", len(k), len(v))
 			}
+		}
+	})
+}
+
+// FuzzFrameLen holds frameLen and the parser together, as the ring engine
+// needs: wherever frameLen calls a request complete, the parser, given
+// exactly those bytes, either uses all of them or refuses them as
+// malformed, and never runs out; wherever frameLen asks for more, the
+// parser, given everything there is, runs out.
+func FuzzFrameLen(f *testing.F) {
+	files, _ := filepath.Glob("testdata/captures/*.jsonl")
+	for _, file := range files {
+		streams := map[int][]byte{}
+		for _, ev := range loadCapture(f, file) {
+			if ev.kind == "C>S" {
+				streams[ev.conn] = append(streams[ev.conn], ev.data...)
+			}
+		}
+		for _, s := range streams {
+			f.Add(s)
+		}
+	}
+	f.Add(append(appendU32([]byte{0}, validationMagic), req(11, uint64(2), "/a", "1", "/b", "2")...))
+	f.Add(req(4, []string{"/a", "/b"}))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		opts := ServerOptions{MaxValueLen: 64 << 10, MaxKeysPerRequest: 64, MaxRequestBytes: 4 << 10,
+			Logger: slog.New(slog.DiscardHandler), NoEnvSecret: true, Addr: "unused"}
+		opts.fill()
+		s := &TCPServer{opts: opts, st: newServerState(), log: opts.Logger}
+		c := s.newConn(nil, io.Discard)
+		src := &sliceSource{}
+		c.rd.r = src
+		c.dialect = DialectV1
+		if len(data) >= 5 && data[0] == 0 && binary.LittleEndian.Uint32(data[1:]) == validationMagic {
+			c.dialect, data = DialectV2, data[5:]
+		}
+		defer c.teardown()
+		for len(data) > 0 {
+			n, need := frameLen(c.dialect, &s.opts, data)
+			if n == 0 {
+				if need <= len(data) {
+					t.Fatalf("frameLen wants %d bytes of %d and has them", need, len(data))
+				}
+				src.b = data
+				if err := c.handleOne(); err != io.EOF && err != io.ErrUnexpectedEOF {
+					t.Fatalf("frameLen: incomplete at %d bytes, but the parser says %v", len(data), err)
+				}
+				return
+			}
+			src.b = data[:n]
+			err := c.handleOne()
+			if isMalformed(err) {
+				return
+			}
+			if err != nil || len(src.b) != 0 {
+				t.Fatalf("frameLen: %d bytes, but the parser left %d and says %v", n, len(src.b), err)
+			}
+			data = data[n:]
 		}
 	})
 }

@@ -63,6 +63,11 @@ type ringConn struct {
 	sentAt time.Time
 
 	detected, recving, closing, isDirty bool
+	held                                bool // requests wait for replies to drain
+	// ending: no more requests are read; the connection closes with
+	// endErr once the replies already queued are sent.
+	ending bool
+	endErr error
 }
 
 // Completion tags, in the low bits of user data; the rest is the
@@ -76,10 +81,9 @@ const (
 )
 
 const (
-	ringEntries   = 4096
-	ringMinRecv   = 4 << 10  // free space for a receive
-	ringMaxGrow   = 64 << 10 // the input grows at most this far ahead of the data
-	ringMaxQueued = 1 << 20  // replies queued behind a send before reading stops
+	ringEntries = 4096
+	ringMinRecv = 4 << 10  // free space for a receive
+	ringMaxGrow = 64 << 10 // the input grows at most this far ahead of the data
 
 	// ringSpin is how many times the engine polls the ring (a
 	// non-blocking io_uring_enter each) before it sleeps. A client's next
@@ -289,7 +293,9 @@ func (e *ringEngine) complete(cq uring.CQE) {
 		switch {
 		case rc.closing:
 		case cq.Res == 0:
-			e.close(rc, io.EOF)
+			// The client shut its side down; it still reads the replies
+			// to what it sent.
+			e.finish(rc, io.EOF)
 		case cq.Res < 0:
 			e.close(rc, &net.OpError{Op: "read", Net: "tcp", Err: syscall.Errno(-cq.Res)})
 		default:
@@ -308,9 +314,12 @@ func (e *ringEngine) complete(cq uring.CQE) {
 			e.close(rc, fmt.Errorf("write response: %w", &net.OpError{Op: "write", Net: "tcp", Err: syscall.Errno(-cq.Res)}))
 		case int(cq.Res) != len(buf):
 			e.close(rc, fmt.Errorf("write response: %d of %d bytes sent", cq.Res, len(buf)))
+		case rc.ending:
+			e.finish(rc, rc.endErr)
 		default:
-			e.send(rc)
-			e.recv(rc)
+			// Requests held back while the replies were over
+			// maxQueuedReplies go on now.
+			e.received(rc)
 		}
 	}
 	if rc.closing {
@@ -322,11 +331,21 @@ func (e *ringEngine) complete(cq uring.CQE) {
 // receives more.
 func (e *ringEngine) received(rc *ringConn) {
 	if err := e.handle(rc); err != nil {
-		e.close(rc, err)
+		e.finish(rc, err)
 		return
 	}
 	e.send(rc)
 	e.recv(rc)
+}
+
+// finish reads no more from rc and closes it with err once the replies
+// queued so far are sent: those answer requests that came before the
+// end, and the goroutine engine sends them too.
+func (e *ringEngine) finish(rc *ringConn, err error) {
+	rc.ending, rc.endErr = true, err
+	if e.send(rc); rc.out == nil {
+		e.close(rc, err)
+	}
 }
 
 func (e *ringEngine) handle(rc *ringConn) error {
@@ -344,7 +363,15 @@ func (e *ringEngine) handle(rc *ringConn) error {
 		}
 		rc.detected, rc.need = true, 1
 	}
+	rc.held = false
 	for rc.detected && len(b) >= rc.need {
+		// Requests stop while the queued replies exceed maxQueuedReplies
+		// (a GET is small and its reply may be megabytes), and nothing
+		// more is read; they go on after the next send.
+		if c.queued() > maxQueuedReplies {
+			rc.held = true
+			break
+		}
 		n, need := frameLen(c.dialect, &e.s.opts, b)
 		if n == 0 {
 			rc.need = need
@@ -392,17 +419,10 @@ func (e *ringEngine) send(rc *ringConn) {
 	}
 }
 
-// recv posts a receive, unless one is posted or the client has too many
-// replies waiting behind a send it does not read (the goroutine engine
-// stops reading at the same point, blocked in its write).
+// recv posts a receive, unless one is posted, the connection is ending,
+// or requests wait for replies to drain (handle).
 func (e *ringEngine) recv(rc *ringConn) {
-	if rc.recving || rc.closing {
-		return
-	}
-	rc.c.outMu.Lock()
-	queued := len(rc.c.out)
-	rc.c.outMu.Unlock()
-	if rc.out != nil && queued > ringMaxQueued {
+	if rc.recving || rc.closing || rc.ending || rc.held {
 		return
 	}
 	if len(rc.in) == 0 && cap(rc.in) > ringMaxGrow {

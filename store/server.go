@@ -36,7 +36,7 @@ type ServerOptions struct {
 	// (default DefaultMaxKeysPerRequest).
 	MaxKeysPerRequest int
 	// MaxRequestBytes bounds the key and value bytes of one multi-key
-	// request (default DefaultMaxRequestBytes).
+	// request, and of a MULTI_GET's reply (default DefaultMaxRequestBytes).
 	MaxRequestBytes int
 	// Secret, when non-empty, makes every client pass the HMAC handshake
 	// (auth.go) before its first query. When nil, GOCOLL_STORE_SECRET is read.
@@ -412,17 +412,33 @@ func (c *srvConn) serveStream() error {
 	}
 	for {
 		if err := c.handleOne(); err != nil {
+			// The replies to the requests before the bad one still go.
+			_ = c.flush()
 			return err
 		}
 		c.trimScratch()
 		// Replies are batched: the ones of pipelined requests leave in one
-		// write, once the requests already received are all handled.
-		if c.br.Buffered() == 0 {
+		// write, once the requests already received are all handled, or
+		// once they pass maxQueuedReplies, so that small requests for
+		// large values cannot make the server hold unbounded replies for a
+		// client that does not read.
+		if c.br.Buffered() == 0 || c.queued() > maxQueuedReplies {
 			if err := c.flush(); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// maxQueuedReplies bounds the reply bytes a connection queues before it
+// stops handling requests until they are sent.
+const maxQueuedReplies = 1 << 20
+
+// queued returns the length of the replies waiting to be sent.
+func (c *srvConn) queued() int {
+	c.outMu.Lock()
+	defer c.outMu.Unlock()
+	return len(c.out)
 }
 
 // reply queues response bytes.
@@ -742,6 +758,16 @@ func (c *srvConn) handleOne() error {
 			return err
 		}
 		st.mu.Lock()
+		// One small request must not make an unbounded reply (the same
+		// key many times over a large value).
+		size := 0
+		for _, k := range keys {
+			size += 8 + len(st.kv[string(k)])
+		}
+		if size > c.s.opts.MaxRequestBytes {
+			st.mu.Unlock()
+			return fmt.Errorf("%w: MULTI_GET of %d keys would reply %d bytes, over the limit %d", errMalformed, len(keys), size, c.s.opts.MaxRequestBytes)
+		}
 		c.outMu.Lock()
 		for _, k := range keys {
 			c.out = appendStr(c.out, st.kv[string(k)])
