@@ -217,6 +217,15 @@ func NewTCPServer(ctx context.Context, opts ServerOptions) (*TCPServer, error) {
 	return s, nil
 }
 
+// Engine returns the engine the server runs: EngineRing or
+// EngineGoroutines, never EngineAuto.
+func (s *TCPServer) Engine() Engine {
+	if s.ring != nil {
+		return EngineRing
+	}
+	return EngineGoroutines
+}
+
 // Addr returns the address the server listens on.
 func (s *TCPServer) Addr() net.Addr { return s.ln.Addr() }
 

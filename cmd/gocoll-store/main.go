@@ -2,8 +2,9 @@
 // process can host the rendezvous of PyTorch (or gocoll) ranks, and
 // benchmarks it against PyTorch's server.
 //
-//	gocoll-store serve --addr 0.0.0.0:29500 [--secret S] [--max-value-bytes N]
+//	gocoll-store serve --addr 0.0.0.0:29500 [--secret S] [--max-value-bytes N] [--engine auto|ring|goroutines]
 //	gocoll-store bench [--duration 3s] [--conns 1,8,64,256] [--rates 5000,10000] [--torch /usr/bin/python3]
+//	                   [--engines auto,ring,goroutines] [--client ring|epoll] [--repeat N]
 //	                   [--baseline OLD-gocoll-store] [--client-cpu 0] [--server-cpu 1] [--server-procs 1]
 //
 // serve runs until SIGINT or SIGTERM. With torch ranks, set MASTER_ADDR and
@@ -53,8 +54,9 @@ func main() {
 
 func usage() {
 	fmt.Fprint(os.Stderr, `usage:
-  gocoll-store serve --addr HOST:PORT [--secret S] [--max-value-bytes N]
+  gocoll-store serve --addr HOST:PORT [--secret S] [--max-value-bytes N] [--engine auto|ring|goroutines]
   gocoll-store bench [--duration D] [--conns 1,8,64,256] [--rates 5000,10000] [--torch PYTHON]
+                     [--engines auto,ring,goroutines] [--client ring|epoll] [--repeat N]
                      [--baseline EXE] [--client-cpu N] [--server-cpu N] [--server-procs N]
 `)
 	os.Exit(2)
@@ -65,8 +67,13 @@ func serve(args []string) error {
 	addr := fs.String("addr", ":29500", "address to listen on, HOST:PORT")
 	secret := fs.String("secret", "", "shared secret clients must prove (default $"+store.SecretEnv+"; PyTorch clients cannot)")
 	maxVal := fs.Int("max-value-bytes", store.DefaultMaxValueLen, "largest value accepted")
+	engine := fs.String("engine", "auto", "how connections are driven: auto, ring (io_uring) or goroutines (default $"+store.EngineEnv+", else auto)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (diagnostics)")
 	_ = fs.Parse(args)
+	eng, err := store.ParseEngine(*engine)
+	if err != nil {
+		return err
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -80,7 +87,7 @@ func serve(args []string) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	o := store.ServerOptions{Addr: *addr, MaxValueLen: *maxVal, Logger: log}
+	o := store.ServerOptions{Addr: *addr, MaxValueLen: *maxVal, Logger: log, Engine: eng}
 	if *secret != "" {
 		o.Secret = []byte(*secret)
 	}
@@ -92,7 +99,7 @@ func serve(args []string) error {
 	if *secret != "" || os.Getenv(store.SecretEnv) != "" {
 		auth = "on"
 	}
-	log.Info("gocoll-store serving", "addr", srv.Addr().String(), "auth", auth)
+	log.Info("gocoll-store serving", "addr", srv.Addr().String(), "auth", auth, "engine", srv.Engine().String())
 	// Scripts read the port from this line.
 	fmt.Printf("LISTENING %s\n", srv.Addr().String())
 	<-ctx.Done()
