@@ -43,7 +43,8 @@ type ringEngine struct {
 	mu       sync.Mutex // guards the mailbox below
 	incoming []*ringConn
 	kicked   []*srvConn
-	stopping bool
+	stopping bool         // Close asked the engine to stop
+	stopped  bool         // the engine takes no more mail
 	live     atomic.Int64 // connections adopted and not yet closed
 	mail     atomic.Bool  // the mailbox is not empty
 	sleeping atomic.Bool  // the engine is, or is about to be, waiting in the kernel
@@ -125,18 +126,25 @@ func startRing(s *TCPServer) (*ringEngine, error) {
 	return e, nil
 }
 
-// post runs f on the mailbox and wakes the engine if it sleeps.
-func (e *ringEngine) post(f func()) {
+// post runs f on the mailbox and wakes the engine if it sleeps. It reports
+// false, without running f, once the engine has stopped.
+func (e *ringEngine) post(f func()) bool {
 	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.stopped {
+		return false
+	}
 	f()
 	e.mail.Store(true)
-	e.mu.Unlock()
 	// The engine sets sleeping before it looks at mail, and this stores
 	// mail before it looks at sleeping, so one of the two sees the other.
+	// The write is under the lock so that it cannot meet shutdown's close
+	// of the eventfd.
 	if e.sleeping.Load() {
 		one := [8]byte{1}
 		_, _ = syscall.Write(e.efd, one[:])
 	}
+	return true
 }
 
 // numConns counts the connections the engine holds open.
@@ -178,10 +186,15 @@ func (e *ringEngine) adopt(c *srvConn) bool {
 		b, _ := c.br.Peek(n)
 		rc.in = append(rc.in, b...)
 	}
-	_ = tc.Close()
-	e.live.Add(1)
+	br, w := c.br, c.w
 	c.br, c.w, c.rd.r, c.ring, c.rconn = nil, nil, &rc.src, e, rc
-	e.post(func() { e.incoming = append(e.incoming, rc) })
+	if !e.post(func() { e.incoming = append(e.incoming, rc); e.live.Add(1) }) {
+		// The engine has failed or stopped: the goroutine keeps c.
+		_ = syscall.Close(fd)
+		c.br, c.w, c.rd.r, c.ring, c.rconn = br, w, br, nil, nil
+		return false
+	}
+	_ = tc.Close()
 	return true
 }
 
@@ -485,7 +498,7 @@ func (e *ringEngine) checkWrites() {
 func (e *ringEngine) shutdown() {
 	e.mu.Lock()
 	incoming := e.incoming
-	e.incoming, e.stopping = nil, true
+	e.incoming, e.stopped = nil, true
 	e.mu.Unlock()
 	for _, rc := range incoming {
 		rc.c.teardown()
