@@ -16,18 +16,7 @@ import (
 // checks that nothing panics, that the limits hold (a length field alone
 // never allocates), and that a finished connection leaves no wait behind.
 func FuzzServerParser(f *testing.F) {
-	files, _ := filepath.Glob("testdata/captures/*.jsonl")
-	for _, file := range files {
-		streams := map[int][]byte{}
-		for _, ev := range loadCapture(f, file) {
-			if ev.kind == "C>S" {
-				streams[ev.conn] = append(streams[ev.conn], ev.data...)
-			}
-		}
-		for _, s := range streams {
-			f.Add(s)
-		}
-	}
+	addCaptureSeeds(f)
 	f.Add(appendU32([]byte{0}, validationMagic))
 	f.Add(append(appendU32([]byte{0}, validationMagic), req(cWait, []string{"/a", "/b"})...))
 	f.Add(req(1, "a", "b", "c"))
@@ -65,12 +54,9 @@ func FuzzServerParser(f *testing.F) {
 	})
 }
 
-// FuzzFrameLen holds frameLen and the parser together, as the ring engine
-// needs: wherever frameLen calls a request complete, the parser, given
-// exactly those bytes, either uses all of them or refuses them as
-// malformed, and never runs out; wherever frameLen asks for more, the
-// parser, given everything there is, runs out.
-func FuzzFrameLen(f *testing.F) {
+// addCaptureSeeds adds every client byte stream of the torch captures to
+// f's seed corpus.
+func addCaptureSeeds(f *testing.F) {
 	files, _ := filepath.Glob("testdata/captures/*.jsonl")
 	for _, file := range files {
 		streams := map[int][]byte{}
@@ -83,6 +69,15 @@ func FuzzFrameLen(f *testing.F) {
 			f.Add(s)
 		}
 	}
+}
+
+// FuzzFrameLen holds frameLen and the parser together, as the ring engine
+// needs: wherever frameLen calls a request complete, the parser, given
+// exactly those bytes, either uses all of them or refuses them as
+// malformed, and never runs out; wherever frameLen asks for more, the
+// parser, given everything there is, runs out.
+func FuzzFrameLen(f *testing.F) {
+	addCaptureSeeds(f)
 	f.Add(append(appendU32([]byte{0}, validationMagic), req(11, uint64(2), "/a", "1", "/b", "2")...))
 	f.Add(req(4, []string{"/a", "/b"}))
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -113,6 +113,42 @@ func runLoop(cfg loopConfig) (result, error) {
 // benchWarmUp is the start of each row that is not measured.
 const benchWarmUp = 300 * time.Millisecond
 
+// tally is a row's clock and results, shared by both loops.
+type tally struct {
+	t0   time.Time
+	end  time.Duration // warm-up plus the measured time
+	lats []time.Duration
+	errs int
+}
+
+func newTally(dur time.Duration) *tally {
+	return &tally{t0: time.Now(), end: benchWarmUp + dur, lats: make([]time.Duration, 0, 1<<16)}
+}
+
+func (t *tally) now() time.Duration { return time.Since(t.t0) }
+
+// step is called when c's current read is complete. After STOP_WAITING it
+// moves c on to its GET and returns the bytes to send; after the value it
+// records the op and returns nil, and the time, for the next op to start.
+func (t *tally) step(c *bconn, val []byte) (get []byte, at time.Duration) {
+	if c.phase == phWaitAck {
+		if c.buf[0] != 0 {
+			t.errs++
+		}
+		c.phase, c.got, c.need = phGetVal, 0, 8+16
+		return c.get, 0
+	}
+	if c.buf[0] != 16 || string(c.buf[8:]) != string(val) {
+		t.errs++
+	}
+	at = t.now()
+	if c.start >= benchWarmUp && at <= t.end {
+		t.lats = append(t.lats, at-c.start)
+	}
+	c.phase = phIdle
+	return nil, at
+}
+
 // epollLoop drives the connections with epoll and a read or write per
 // request; it also serves the open loop, whose timed waits it needs.
 func epollLoop(cs []*bconn, val []byte, cfg loopConfig) (lats []time.Duration, errs int, fatal error) {
@@ -127,10 +163,8 @@ func epollLoop(cs []*bconn, val []byte, cfg loopConfig) (lats []time.Duration, e
 			return nil, 0, err
 		}
 	}
-	t0 := time.Now()
-	now := func() time.Duration { return time.Since(t0) }
-	measureFrom, end := benchWarmUp, benchWarmUp+cfg.dur
-	lats = make([]time.Duration, 0, 1<<16)
+	tl := newTally(cfg.dur)
+	now, end := tl.now, tl.end
 	send := func(c *bconn, b []byte) {
 		for len(b) > 0 {
 			n, err := syscall.Write(c.fd, b)
@@ -199,22 +233,11 @@ func epollLoop(cs []*bconn, val []byte, cfg loopConfig) (lats []time.Duration, e
 			if c.got += m; c.got < c.need {
 				continue
 			}
-			if c.phase == phWaitAck {
-				if c.buf[0] != 0 {
-					errs++
-				}
-				c.phase, c.got, c.need = phGetVal, 0, 8+16
-				send(c, c.get)
+			get, t := tl.step(c, val)
+			if get != nil {
+				send(c, get)
 				continue
 			}
-			if c.buf[0] != 16 || string(c.buf[8:]) != string(val) {
-				errs++
-			}
-			t := now()
-			if c.start >= measureFrom && t <= end {
-				lats = append(lats, t-c.start)
-			}
-			c.phase = phIdle
 			switch {
 			case cfg.rate == 0:
 				begin(c, t)
@@ -225,7 +248,7 @@ func epollLoop(cs []*bconn, val []byte, cfg loopConfig) (lats []time.Duration, e
 			}
 		}
 	}
-	return lats, errs, fatal
+	return tl.lats, tl.errs, fatal
 }
 
 // threadCPU returns the calling thread's user+system CPU time.
@@ -279,10 +302,7 @@ func ringLoop(cs []*bconn, val []byte, dur time.Duration) (lats []time.Duration,
 		return nil, 0, err
 	}
 	defer r.Close()
-	t0 := time.Now()
-	now := func() time.Duration { return time.Since(t0) }
-	measureFrom, end := benchWarmUp, benchWarmUp+dur
-	lats = make([]time.Duration, 0, 1<<16)
+	tl := newTally(dur)
 	begin := func(i int, c *bconn, at time.Duration) error {
 		c.start, c.phase, c.got, c.need = at, phWaitAck, 0, 1
 		if err := r.Send(c.fd, c.first, uint64(i)<<1|1); err != nil {
@@ -291,12 +311,12 @@ func ringLoop(cs []*bconn, val []byte, dur time.Duration) (lats []time.Duration,
 		return r.Recv(c.fd, c.buf[:1], uint64(i)<<1)
 	}
 	for i, c := range cs {
-		if err := begin(i, c, now()); err != nil {
+		if err := begin(i, c, tl.now()); err != nil {
 			return nil, 0, err
 		}
 	}
 	var fatal error
-	for fatal == nil && now() < end {
+	for fatal == nil && tl.now() < tl.end {
 		if _, err := r.Submit(1); err != nil {
 			return nil, 0, err
 		}
@@ -317,23 +337,12 @@ func ringLoop(cs []*bconn, val []byte, dur time.Duration) (lats []time.Duration,
 				fatal = errors.Join(fatal, r.Recv(c.fd, c.buf[c.got:c.need], cq.UserData))
 				return
 			}
-			if c.phase == phWaitAck {
-				if c.buf[0] != 0 {
-					errs++
-				}
-				c.phase, c.got, c.need = phGetVal, 0, 8+16
-				fatal = errors.Join(fatal, r.Send(c.fd, c.get, uint64(i)<<1|1), r.Recv(c.fd, c.buf[:c.need], cq.UserData))
-				return
+			if get, t := tl.step(c, val); get != nil {
+				fatal = errors.Join(fatal, r.Send(c.fd, get, uint64(i)<<1|1), r.Recv(c.fd, c.buf[:c.need], cq.UserData))
+			} else {
+				fatal = errors.Join(fatal, begin(i, c, t))
 			}
-			if c.buf[0] != 16 || string(c.buf[8:]) != string(val) {
-				errs++
-			}
-			t := now()
-			if c.start >= measureFrom && t <= end {
-				lats = append(lats, t-c.start)
-			}
-			fatal = errors.Join(fatal, begin(i, c, t))
 		})
 	}
-	return lats, errs, fatal
+	return tl.lats, tl.errs, fatal
 }
