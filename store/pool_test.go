@@ -329,11 +329,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// serverConns counts the connections the server holds.
-func serverConns(s *TCPServer) int {
-	return s.numConns()
-}
-
 // TestTCPStoreIdleBound: sequential calls use the main connection and one
 // wait connection, and the "init/" announcement is made once. A burst of
 // blocked Gets opens a wait connection each; once they return, at most
@@ -359,7 +354,7 @@ func TestTCPStoreIdleBound(t *testing.T) {
 			if open, idle := c.waitConns(); open != 1 || idle != 1 {
 				t.Fatalf("sequential calls: %d wait connections open, %d idle; want 1", open, idle)
 			}
-			waitFor(t, "the server to hold 2 connections (main, wait)", func() bool { return serverConns(srv) == 2 })
+			waitFor(t, "the server to hold 2 connections (main, wait)", func() bool { return srv.numConns() == 2 })
 
 			var wg sync.WaitGroup
 			errc := make(chan error, burst)
@@ -374,7 +369,7 @@ func TestTCPStoreIdleBound(t *testing.T) {
 				open, _ := c.waitConns()
 				return open == burst
 			})
-			waitFor(t, "the server to hold them", func() bool { return serverConns(srv) == burst+1 })
+			waitFor(t, "the server to hold them", func() bool { return srv.numConns() == burst+1 })
 			if err := c.Set(ctx, "gate", []byte("open")); err != nil {
 				t.Fatal(err)
 			}
@@ -387,7 +382,7 @@ func TestTCPStoreIdleBound(t *testing.T) {
 				t.Fatalf("after the burst: %d wait connections open, %d idle; want %d", open, idle, maxIdleConns)
 			}
 			waitFor(t, fmt.Sprintf("the server to hold %d connections", maxIdleConns+1), func() bool {
-				return serverConns(srv) == maxIdleConns+1
+				return srv.numConns() == maxIdleConns+1
 			})
 			if v := must(c.getRaw(ctx, initKey))(t); string(v) != "1" {
 				t.Fatalf("init/ = %q: the announcement was repeated", v)

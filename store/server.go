@@ -138,11 +138,13 @@ func (o *ServerOptions) fill() {
 
 // TCPServer serves the TCPStore protocol to PyTorch and Go clients. One
 // listener serves both dialects: a connection whose first bytes are VALIDATE
-// with PyTorch's magic speaks DialectV2, any other DialectV1. Each
-// connection has its own goroutine, so a slow or partial client delays no
-// other. The semantics are those of PyTorch's libuv server (the default
-// since 2.4), except that a DialectV1 GET of a missing key closes the
-// connection, as the 1.x server does.
+// with PyTorch's magic speaks DialectV2, any other DialectV1. Connections
+// are driven by one of two engines (Engine): an io_uring event loop, or a
+// goroutine each; with either, a slow or partial client delays no other,
+// since a request runs only once all of it has arrived. The semantics are
+// those of PyTorch's libuv server (the default since 2.4), except that a
+// DialectV1 GET of a missing key closes the connection, as the 1.x server
+// does.
 type TCPServer struct {
 	opts ServerOptions
 	ln   net.Listener
