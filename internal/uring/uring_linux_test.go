@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"syscall"
 	"testing"
+	"unsafe"
 )
 
 func newRing(t *testing.T) *Ring {
@@ -103,5 +104,28 @@ func TestFullQueue(t *testing.T) {
 	}
 	if got := reap(t, r, n); len(got) != n {
 		t.Fatalf("%d completions, want %d", len(got), n)
+	}
+}
+
+// TestABI checks the structures shared with the kernel against the sizes
+// in include/uapi/linux/io_uring.h.
+func TestABI(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"io_uring_sqe", unsafe.Sizeof(sqe{}), 64},
+		{"io_uring_cqe", unsafe.Sizeof(CQE{}), 16},
+		{"io_uring_params", unsafe.Sizeof(params{}), 120},
+		{"io_sqring_offsets", unsafe.Sizeof(sqringOffsets{}), 40},
+		{"io_cqring_offsets", unsafe.Sizeof(cqringOffsets{}), 40},
+		{"__kernel_timespec", unsafe.Sizeof(Timespec{}), 16},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %d bytes, want %d", c.name, c.got, c.want)
+		}
+	}
+	if off := unsafe.Offsetof(sqe{}.userData); off != 32 {
+		t.Errorf("sqe.user_data at %d, want 32", off)
 	}
 }
