@@ -37,7 +37,7 @@ type ringEngine struct {
 	tick  uring.Timespec
 	conns map[uint64]*ringConn
 	ids   uint64
-	dirty []*ringConn // connections with replies queued from this thread
+	dirty []*ringConn // connections whose woken WAITs queued replies
 	quit  bool
 
 	mu       sync.Mutex // guards the mailbox below
