@@ -202,3 +202,39 @@ func TestEngineOption(t *testing.T) {
 		t.Fatalf("%s=goroutines started the ring engine", EngineEnv)
 	}
 }
+
+// TestEnginesAuthThenPipelined sends the handshake's proof and the first
+// requests in one write, before the server's OK: the bytes read with the
+// handshake must reach the engine that takes the connection over.
+func TestEnginesAuthThenPipelined(t *testing.T) {
+	secret := []byte("s3cret")
+	for _, e := range engines(t) {
+		srv, _ := newTestServer(t, ServerOptions{Engine: e, Secret: secret})
+		nc, err := net.Dial("tcp", srv.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+		cn := bytes.Repeat([]byte{7}, authNonce)
+		if _, err := nc.Write(append([]byte(authHello), cn...)); err != nil {
+			t.Fatal(err)
+		}
+		resp := make([]byte, authNonce+32)
+		if _, err := io.ReadFull(nc, resp); err != nil {
+			t.Fatal(err)
+		}
+		msg := authMAC(secret, "gocoll-store client", resp[:authNonce], cn)
+		msg = append(msg, appendU32([]byte{0}, validationMagic)...)
+		msg = append(msg, req(cSet, "/k", "pipelined")...)
+		msg = append(msg, req(cGet, "/k")...)
+		if _, err := nc.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		want := append([]byte{authOK}, appendStr(nil, "pipelined")...)
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(nc, got); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%v: got %q, %v; want %q", e, got, err, want)
+		}
+	}
+}
