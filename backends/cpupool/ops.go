@@ -97,15 +97,7 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 		return nil, err
 	}
 	return b.collective(ctx, backend.OpAllreduce, m, opts.Timeout, tensors, func(ctx context.Context, tag uint64) error {
-		buf := bufs[0]
-		for _, o := range bufs {
-			if k.Pre != nil {
-				k.Pre(o)
-			}
-		}
-		for _, o := range bufs[1:] {
-			k.Combine(buf, o)
-		}
+		buf := combineLocal(k, bufs, 0)
 		if err := coll.Allreduce(ctx, b.comm, tag, buf, k); err != nil {
 			return err
 		}
@@ -115,6 +107,23 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 		}
 		return nil
 	})
+}
+
+// combineLocal reduces this rank's tensors into bufs[into] and returns it:
+// the step allreduce and reduce take before they go over the wire.
+func combineLocal(k reduce.Kernel, bufs [][]byte, into int) []byte {
+	if k.Pre != nil {
+		for _, o := range bufs {
+			k.Pre(o)
+		}
+	}
+	buf := bufs[into]
+	for i, o := range bufs {
+		if i != into {
+			k.Combine(buf, o)
+		}
+	}
+	return buf
 }
 
 // pack concatenates bufs into one pooled buffer.
@@ -181,17 +190,7 @@ func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.
 		return nil, err
 	}
 	return b.collective(ctx, backend.OpReduce, m, opts.Timeout, tensors, func(ctx context.Context, tag uint64) error {
-		buf := bufs[opts.RootTensor]
-		for _, o := range bufs {
-			if k.Pre != nil {
-				k.Pre(o)
-			}
-		}
-		for i, o := range bufs {
-			if i != opts.RootTensor {
-				k.Combine(buf, o)
-			}
-		}
+		buf := combineLocal(k, bufs, opts.RootTensor)
 		if err := coll.Reduce(ctx, b.comm, tag, buf, k, opts.RootRank); err != nil {
 			return err
 		}
