@@ -180,15 +180,7 @@ func (s *HashStore) Append(ctx context.Context, key string, value []byte) error 
 
 // MultiGet implements Store.
 func (s *HashStore) MultiGet(ctx context.Context, keys []string) ([][]byte, error) {
-	out := make([][]byte, len(keys))
-	for i, k := range keys {
-		v, err := s.Get(ctx, k)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = v
-	}
-	return out, nil
+	return getEach(ctx, s.Get, keys)
 }
 
 // MultiSet implements Store.

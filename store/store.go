@@ -87,3 +87,16 @@ func (t *timeoutSetting) SetTimeout(d time.Duration) { t.d.Store(int64(d)) }
 
 // Timeout implements Store.
 func (t *timeoutSetting) Timeout() time.Duration { return time.Duration(t.d.Load()) }
+
+// getEach is MultiGet as one Get per key, for a store without a batch read.
+func getEach(ctx context.Context, get func(context.Context, string) ([]byte, error), keys []string) ([][]byte, error) {
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		v, err := get(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}

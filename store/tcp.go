@@ -761,15 +761,7 @@ func (c *TCPStore) Append(ctx context.Context, key string, value []byte) error {
 // MULTI_GET on the main connection (one Get per key in DialectV1).
 func (c *TCPStore) MultiGet(ctx context.Context, keys []string) ([][]byte, error) {
 	if c.opts.Dialect == DialectV1 {
-		out := make([][]byte, len(keys))
-		for i, k := range keys {
-			v, err := c.Get(ctx, k)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = v
-		}
-		return out, nil
+		return getEach(ctx, c.Get, keys)
 	}
 	wk := wireKeys(keys)
 	if err := c.wait(ctx, time.Now(), wk); err != nil {
