@@ -121,23 +121,29 @@ func redOp(r backend.ReduceOp, dt tensor.DType, worldOne bool) (C.int, uint64, e
 
 // device checks that every tensor is a contiguous CUDA tensor on one device
 // and returns that device.
-func device(op backend.Op, ts ...*tensor.Tensor) (int, error) {
+func device(op backend.Op, ts ...*tensor.Tensor) (int, error) { return deviceOf(op, ts) }
+
+// deviceOf is device over the tensors of several lists, in order, without
+// joining the lists into one.
+func deviceOf(op backend.Op, lists ...[]*tensor.Tensor) (int, error) {
 	dev := -1
-	for _, t := range ts {
-		if t == nil {
-			return 0, fmt.Errorf("%w: nil tensor", backend.ErrInvalidArgument)
+	for _, ts := range lists {
+		for _, t := range ts {
+			if t == nil {
+				return 0, fmt.Errorf("%w: nil tensor", backend.ErrInvalidArgument)
+			}
+			d := t.Device()
+			if d.Type != tensor.CUDA {
+				return 0, &backend.OpError{Op: op.String(), Backend: Name, Kind: backend.ErrInvalidArgument, Detail: fmt.Sprintf("tensor %v is not on a CUDA device", t)}
+			}
+			if !t.IsContiguous() {
+				return 0, &backend.OpError{Op: op.String(), Backend: Name, Kind: backend.ErrInvalidArgument, Detail: fmt.Sprintf("tensor %v must be contiguous", t)}
+			}
+			if dev >= 0 && d.Index != dev {
+				return 0, &backend.OpError{Op: op.String(), Backend: Name, Kind: backend.ErrInvalidArgument, Detail: fmt.Sprintf("tensors on devices %d and %d; NCCL takes one device per process", dev, d.Index)}
+			}
+			dev = d.Index
 		}
-		d := t.Device()
-		if d.Type != tensor.CUDA {
-			return 0, &backend.OpError{Op: op.String(), Backend: Name, Kind: backend.ErrInvalidArgument, Detail: fmt.Sprintf("tensor %v is not on a CUDA device", t)}
-		}
-		if !t.IsContiguous() {
-			return 0, &backend.OpError{Op: op.String(), Backend: Name, Kind: backend.ErrInvalidArgument, Detail: fmt.Sprintf("tensor %v must be contiguous", t)}
-		}
-		if dev >= 0 && d.Index != dev {
-			return 0, &backend.OpError{Op: op.String(), Backend: Name, Kind: backend.ErrInvalidArgument, Detail: fmt.Sprintf("tensors on devices %d and %d; NCCL takes one device per process", dev, d.Index)}
-		}
-		dev = d.Index
 	}
 	if dev < 0 {
 		return 0, fmt.Errorf("%w: no tensor", backend.ErrInvalidArgument)
@@ -402,6 +408,16 @@ func (b *Backend) submit(ctx context.Context, m backend.Meta, dev int, async boo
 	return b.issueGroup(ctx, m, c, async, ins, outs, calls)
 }
 
+// inPlace returns a reduction call of kind on t, in place, with r.
+func (b *Backend) inPlace(kind C.int, t *tensor.Tensor, r backend.ReduceOp) (call, error) {
+	dt, err := ncclType(t.DType())
+	if err != nil {
+		return call{}, err
+	}
+	op, scalar, err := redOp(r, t.DType(), b.size == 1)
+	return call{kind: kind, send: t.Ptr(), recv: t.Ptr(), count: t.Numel(), dt: dt, op: op, scalar: scalar}, err
+}
+
 // Allreduce implements backend.Backend (in place).
 func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceOptions) (backend.Work, error) {
 	if len(tensors) != 1 {
@@ -412,15 +428,10 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
-	dt, err := ncclType(t.DType())
+	k, err := b.inPlace(C.GN_ALLREDUCE, t, opts.ReduceOp)
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
-	op, scalar, err := redOp(opts.ReduceOp, t.DType(), b.size == 1)
-	if err != nil {
-		return nil, b.wrapErr(m, err)
-	}
-	k := call{kind: C.GN_ALLREDUCE, send: t.Ptr(), recv: t.Ptr(), count: t.Numel(), dt: dt, op: op, scalar: scalar}
 	if b.coalescing.Load() {
 		return nil, b.queue(ctx, m, dev, opts.Async, tensors, nil, []call{k})
 	}
@@ -439,17 +450,11 @@ func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensor
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
-	calls := make([]call, 0, len(tensors))
-	for _, t := range tensors {
-		dt, err := ncclType(t.DType())
-		if err != nil {
+	calls := make([]call, len(tensors))
+	for i, t := range tensors {
+		if calls[i], err = b.inPlace(C.GN_ALLREDUCE, t, opts.ReduceOp); err != nil {
 			return nil, b.wrapErr(m, err)
 		}
-		op, scalar, err := redOp(opts.ReduceOp, t.DType(), b.size == 1)
-		if err != nil {
-			return nil, b.wrapErr(m, err)
-		}
-		calls = append(calls, call{kind: C.GN_ALLREDUCE, send: t.Ptr(), recv: t.Ptr(), count: t.Numel(), dt: dt, op: op, scalar: scalar})
 	}
 	return b.submit(ctx, m, dev, opts.Async, tensors, nil, calls)
 }
@@ -481,15 +486,12 @@ func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
-	dt, err := ncclType(t.DType())
+	k, err := b.inPlace(C.GN_REDUCE, t, opts.ReduceOp)
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
-	op, scalar, err := redOp(opts.ReduceOp, t.DType(), b.size == 1)
-	if err != nil {
-		return nil, b.wrapErr(m, err)
-	}
-	return b.submit(ctx, m, dev, opts.Async, tensors, nil, []call{{kind: C.GN_REDUCE, send: t.Ptr(), recv: t.Ptr(), count: t.Numel(), dt: dt, op: op, scalar: scalar, root: opts.RootRank}})
+	k.root = opts.RootRank
+	return b.submit(ctx, m, dev, opts.Async, tensors, nil, []call{k})
 }
 
 // broadcastsInto gathers in (this rank's input) into outs (one per rank) as
@@ -522,7 +524,7 @@ func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*te
 		return nil, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("NCCL takes one tensor per process"))
 	}
 	outs := outputs[0]
-	dev, err := device(m.Op, append([]*tensor.Tensor{inputs[0]}, outs...)...)
+	dev, err := deviceOf(m.Op, inputs[:1], outs)
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
@@ -535,8 +537,7 @@ func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*te
 
 // AllgatherCoalesced implements backend.Backend.
 func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions) (backend.Work, error) {
-	all := append(append([]*tensor.Tensor(nil), inputs...), flat2(outputs)...)
-	dev, err := device(m.Op, all...)
+	dev, err := deviceOf(m.Op, append([][]*tensor.Tensor{inputs}, outputs...)...)
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
@@ -562,20 +563,18 @@ func (b *Backend) allgatherCall(in, out *tensor.Tensor) (call, error) {
 
 // AllgatherIntoTensor implements backend.Backend.
 func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions) (backend.Work, error) {
-	dev, err := device(m.Op, input, output)
-	if err != nil {
-		return nil, b.wrapErr(m, err)
-	}
-	k, err := b.allgatherCall(input, output)
-	if err != nil {
-		return nil, b.wrapErr(m, err)
-	}
-	return b.submit(ctx, m, dev, opts.Async, []*tensor.Tensor{input}, []*tensor.Tensor{output}, []call{k})
+	return b.pairs(ctx, m, opts.Async, []*tensor.Tensor{input}, []*tensor.Tensor{output}, b.allgatherCall)
 }
 
 // AllgatherIntoTensorCoalesced implements backend.Backend.
 func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions) (backend.Work, error) {
-	dev, err := device(m.Op, append(append([]*tensor.Tensor(nil), inputs...), outputs...)...)
+	return b.pairs(ctx, m, opts.Async, inputs, outputs, b.allgatherCall)
+}
+
+// pairs submits one call per input and output pair, made by mk: the
+// tensor forms of allgather and reduce_scatter, single and coalesced.
+func (b *Backend) pairs(ctx context.Context, m backend.Meta, async bool, inputs, outputs []*tensor.Tensor, mk func(in, out *tensor.Tensor) (call, error)) (backend.Work, error) {
+	dev, err := deviceOf(m.Op, inputs, outputs)
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
@@ -584,11 +583,11 @@ func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Me
 	}
 	calls := make([]call, len(inputs))
 	for i := range inputs {
-		if calls[i], err = b.allgatherCall(inputs[i], outputs[i]); err != nil {
+		if calls[i], err = mk(inputs[i], outputs[i]); err != nil {
 			return nil, b.wrapErr(m, err)
 		}
 	}
-	return b.submit(ctx, m, dev, opts.Async, inputs, outputs, calls)
+	return b.submit(ctx, m, dev, async, inputs, outputs, calls)
 }
 
 // ReduceScatter implements backend.Backend: a group of reduces, one rooted
@@ -598,7 +597,7 @@ func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*
 		return nil, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("NCCL takes one output and one list of %d inputs", b.size))
 	}
 	out := outputs[0]
-	dev, err := device(m.Op, append([]*tensor.Tensor{out}, inputs[0]...)...)
+	dev, err := deviceOf(m.Op, outputs, inputs[0])
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
@@ -624,47 +623,29 @@ func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*
 	return b.submit(ctx, m, dev, opts.Async, inputs[0], outputs, calls)
 }
 
-func (b *Backend) reduceScatterCall(in, out *tensor.Tensor, r backend.ReduceOp) (call, error) {
-	if in.NBytes() != out.NBytes()*b.size {
-		return call{}, fmt.Errorf("%w: input of %d bytes for %d ranks of %d", backend.ErrInvalidArgument, in.NBytes(), b.size, out.NBytes())
+// reduceScatterCall returns the maker of one reduce_scatter call with r.
+func (b *Backend) reduceScatterCall(r backend.ReduceOp) func(in, out *tensor.Tensor) (call, error) {
+	return func(in, out *tensor.Tensor) (call, error) {
+		if in.NBytes() != out.NBytes()*b.size {
+			return call{}, fmt.Errorf("%w: input of %d bytes for %d ranks of %d", backend.ErrInvalidArgument, in.NBytes(), b.size, out.NBytes())
+		}
+		dt, err := ncclType(in.DType())
+		if err != nil {
+			return call{}, err
+		}
+		op, scalar, err := redOp(r, in.DType(), b.size == 1)
+		return call{kind: C.GN_REDUCESCATTER, send: in.Ptr(), recv: out.Ptr(), count: out.Numel(), dt: dt, op: op, scalar: scalar}, err
 	}
-	dt, err := ncclType(in.DType())
-	if err != nil {
-		return call{}, err
-	}
-	op, scalar, err := redOp(r, in.DType(), b.size == 1)
-	return call{kind: C.GN_REDUCESCATTER, send: in.Ptr(), recv: out.Ptr(), count: out.Numel(), dt: dt, op: op, scalar: scalar}, err
 }
 
 // ReduceScatterTensor implements backend.Backend.
 func (b *Backend) ReduceScatterTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.ReduceScatterTensorOptions) (backend.Work, error) {
-	dev, err := device(m.Op, input, output)
-	if err != nil {
-		return nil, b.wrapErr(m, err)
-	}
-	k, err := b.reduceScatterCall(input, output, opts.ReduceOp)
-	if err != nil {
-		return nil, b.wrapErr(m, err)
-	}
-	return b.submit(ctx, m, dev, opts.Async, []*tensor.Tensor{input}, []*tensor.Tensor{output}, []call{k})
+	return b.pairs(ctx, m, opts.Async, []*tensor.Tensor{input}, []*tensor.Tensor{output}, b.reduceScatterCall(opts.ReduceOp))
 }
 
 // ReduceScatterTensorCoalesced implements backend.Backend.
 func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.ReduceScatterTensorCoalescedOptions) (backend.Work, error) {
-	dev, err := device(m.Op, append(append([]*tensor.Tensor(nil), inputs...), outputs...)...)
-	if err != nil {
-		return nil, b.wrapErr(m, err)
-	}
-	if len(outputs) != len(inputs) {
-		return nil, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("%d outputs for %d inputs", len(outputs), len(inputs)))
-	}
-	calls := make([]call, len(inputs))
-	for i := range inputs {
-		if calls[i], err = b.reduceScatterCall(inputs[i], outputs[i], opts.ReduceOp); err != nil {
-			return nil, b.wrapErr(m, err)
-		}
-	}
-	return b.submit(ctx, m, dev, opts.Async, inputs, outputs, calls)
+	return b.pairs(ctx, m, opts.Async, inputs, outputs, b.reduceScatterCall(opts.ReduceOp))
 }
 
 // Alltoall implements backend.Backend: a group of sends and receives.
@@ -672,7 +653,7 @@ func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tenso
 	if len(outputs) != b.size || len(inputs) != b.size {
 		return nil, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("alltoall needs %d inputs and outputs", b.size))
 	}
-	dev, err := device(m.Op, append(append([]*tensor.Tensor(nil), inputs...), outputs...)...)
+	dev, err := deviceOf(m.Op, inputs, outputs)
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
@@ -765,7 +746,7 @@ func (b *Backend) rooted(m backend.Meta, one []*tensor.Tensor, lists [][]*tensor
 		}
 		list = lists[0]
 	}
-	dev, err := device(m.Op, append([]*tensor.Tensor{own}, list...)...)
+	dev, err := deviceOf(m.Op, one[:1], list)
 	if err != nil {
 		return nil, nil, 0, 0, b.wrapErr(m, err)
 	}
