@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/gocoll/gocoll/reduceop"
 )
 
 // Sentinel errors. Every error a backend or the dispatcher returns wraps one
@@ -19,7 +21,8 @@ var (
 	// ErrUnsupported: the backend does not implement the op or argument.
 	ErrUnsupported = errors.New("unsupported")
 	// ErrInvalidArgument: the arguments break one of the op's rules.
-	ErrInvalidArgument = errors.New("invalid argument")
+	// It is reduceop.ErrInvalid, so the leaf package's errors match too.
+	ErrInvalidArgument = reduceop.ErrInvalid
 	// ErrUnavailable: a native library or device is missing.
 	ErrUnavailable = errors.New("unavailable")
 	// ErrClosed: the group or backend was closed.

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -32,7 +31,9 @@ type Work interface {
 	// BlockStream makes stream s wait for the op, without blocking the host.
 	// Host backends block until completion instead, since there is no stream
 	// to order.
-	BlockStream(s *cuda.Stream) error
+	// A stream backend accepts only its own stream type (*cuda.Stream for
+	// nccl) and fails with ErrInvalidArgument for any other.
+	BlockStream(s Stream) error
 	// WaitHost blocks until the op has completed or failed, or ctx is done.
 	WaitHost(ctx context.Context) error
 	// IsCompleted reports, without blocking, whether the op has finished
@@ -54,6 +55,16 @@ type Work interface {
 	// Abort fails the op with ErrAborted (wrapping reason) if it has not
 	// completed, and aborts what the backend must to unblock it.
 	Abort(reason error)
+}
+
+// Stream is a device stream that Work.BlockStream orders; *cuda.Stream
+// implements it. The contract names no concrete stream type so that it,
+// and everything built only on it, stays free of cgo.
+type Stream interface {
+	// Device is the ordinal of the device the stream belongs to.
+	Device() int
+	// Handle is the native stream handle (a CUstream for CUDA).
+	Handle() uintptr
 }
 
 // ErrNoTiming is returned by Duration and IsStarted when timing was off.
@@ -179,7 +190,7 @@ func (w *HostWork) Wait(ctx context.Context) error {
 }
 
 // BlockStream implements Work: with no stream to order, it blocks the host.
-func (w *HostWork) BlockStream(*cuda.Stream) error { return w.Wait(context.Background()) }
+func (w *HostWork) BlockStream(Stream) error { return w.Wait(context.Background()) }
 
 // WaitHost implements Work.
 func (w *HostWork) WaitHost(ctx context.Context) error {

@@ -11,6 +11,13 @@ if ! git diff --exit-code --stat -- '*zz_generated_*' docs/ops.md; then
 	exit 1
 fi
 
+echo "== the CPU stack builds without cgo (DESIGN.md: backend is a leaf contract)"
+CGO_ENABLED=0 go build ./tensor ./reduceop ./store ./backend ./dispatcher ./internal/... ./backends/cpupool ./cmd/gocoll-store
+if go list -deps ./backend | grep -qx 'github.com/gocoll/gocoll/cuda'; then
+	echo "backend must not depend on cuda" >&2
+	exit 1
+fi
+
 echo "== go vet"
 go vet ./...
 

@@ -46,7 +46,6 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
-	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/internal/coll"
 	"github.com/gocoll/gocoll/internal/tcpmesh"
 	"github.com/gocoll/gocoll/tensor"
@@ -615,7 +614,7 @@ func (w *work) WaitHost(ctx context.Context) error {
 
 // BlockStream implements backend.Work: with no stream to order, it blocks
 // the host.
-func (w *work) BlockStream(*cuda.Stream) error { return w.Wait(context.Background()) }
+func (w *work) BlockStream(backend.Stream) error { return w.Wait(context.Background()) }
 
 func (b *Backend) help(j *job) {
 	if j.w.IsCompleted() {

@@ -264,7 +264,11 @@ func (w *Work) opErr(kind error, err error) error {
 }
 
 // BlockStream implements backend.Work: s waits on the op's end event.
-func (w *Work) BlockStream(s *cuda.Stream) error {
+func (w *Work) BlockStream(bs backend.Stream) error {
+	s, ok := bs.(*cuda.Stream)
+	if !ok {
+		return w.opErr(backend.ErrInvalidArgument, fmt.Errorf("BlockStream needs a *cuda.Stream, got %T", bs))
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.finished.Load() {

@@ -17,7 +17,7 @@ import (
 	"math"
 	"unsafe"
 
-	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/reduceop"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -38,17 +38,17 @@ type Kernel struct {
 }
 
 // For returns the kernel of op on dt. It fails, wrapping
-// backend.ErrInvalidArgument, for an unknown op or a bitwise op on a
+// reduceop.ErrInvalid, for an unknown op or a bitwise op on a
 // floating-point type.
-func For(dt tensor.DType, op backend.ReduceOp) (Kernel, error) {
+func For(dt tensor.DType, op reduceop.ReduceOp) (Kernel, error) {
 	if err := op.ValidFor(dt); err != nil {
 		return Kernel{}, err
 	}
 	k := Kernel{ElemSize: dt.Size()}
 	base := op.Type
 	switch op.Type {
-	case backend.Avg, backend.PreMulSum:
-		base = backend.Sum
+	case reduceop.Avg, reduceop.PreMulSum:
+		base = reduceop.Sum
 	}
 	switch dt {
 	case tensor.Float32:
@@ -68,16 +68,16 @@ func For(dt tensor.DType, op backend.ReduceOp) (Kernel, error) {
 	case tensor.Float16, tensor.BFloat16, tensor.Float8E4M3, tensor.Float8E5M2:
 		k.Combine = narrow(dt, base)
 	default:
-		return Kernel{}, fmt.Errorf("%w: reduce: unsupported dtype %v", backend.ErrInvalidArgument, dt)
+		return Kernel{}, fmt.Errorf("%w: reduce: unsupported dtype %v", reduceop.ErrInvalid, dt)
 	}
 	if k.Combine == nil {
-		return Kernel{}, fmt.Errorf("%w: reduce: %v is not defined for %v", backend.ErrInvalidArgument, op, dt)
+		return Kernel{}, fmt.Errorf("%w: reduce: %v is not defined for %v", reduceop.ErrInvalid, op, dt)
 	}
 	switch op.Type {
-	case backend.PreMulSum:
+	case reduceop.PreMulSum:
 		f := op.Factor
 		k.Pre = func(buf []byte) { scale(dt, buf, f) }
-	case backend.Avg:
+	case reduceop.Avg:
 		k.Post = func(buf []byte, ranks int) { divide(dt, buf, ranks) }
 	}
 	return k, nil
@@ -101,11 +101,11 @@ type integral interface {
 	~int8 | ~uint8 | ~int32 | ~int64
 }
 
-func arith[T number](t backend.RedOpType) func(dst, src []byte) {
+func arith[T number](t reduceop.Type) func(dst, src []byte) {
 	switch t {
-	case backend.Sum:
+	case reduceop.Sum:
 		return func(d, s []byte) { sum(view[T](d), view[T](s)) }
-	case backend.Product:
+	case reduceop.Product:
 		return func(d, s []byte) {
 			dv, sv := view[T](d), view[T](s)
 			sv = sv[:len(dv)]
@@ -113,7 +113,7 @@ func arith[T number](t backend.RedOpType) func(dst, src []byte) {
 				dv[i] *= sv[i]
 			}
 		}
-	case backend.Min:
+	case reduceop.Min:
 		return func(d, s []byte) {
 			dv, sv := view[T](d), view[T](s)
 			sv = sv[:len(dv)]
@@ -121,7 +121,7 @@ func arith[T number](t backend.RedOpType) func(dst, src []byte) {
 				dv[i] = min(dv[i], sv[i]) // Go's min propagates NaN, as torch does
 			}
 		}
-	case backend.Max:
+	case reduceop.Max:
 		return func(d, s []byte) {
 			dv, sv := view[T](d), view[T](s)
 			sv = sv[:len(dv)]
@@ -150,9 +150,9 @@ func sum[T number](d, s []T) {
 	}
 }
 
-func integer[T integral](t backend.RedOpType) func(dst, src []byte) {
+func integer[T integral](t reduceop.Type) func(dst, src []byte) {
 	switch t {
-	case backend.BAnd:
+	case reduceop.BAnd:
 		return func(d, s []byte) {
 			dv, sv := view[T](d), view[T](s)
 			sv = sv[:len(dv)]
@@ -160,7 +160,7 @@ func integer[T integral](t backend.RedOpType) func(dst, src []byte) {
 				dv[i] &= sv[i]
 			}
 		}
-	case backend.BOr:
+	case reduceop.BOr:
 		return func(d, s []byte) {
 			dv, sv := view[T](d), view[T](s)
 			sv = sv[:len(dv)]
@@ -168,7 +168,7 @@ func integer[T integral](t backend.RedOpType) func(dst, src []byte) {
 				dv[i] |= sv[i]
 			}
 		}
-	case backend.BXor:
+	case reduceop.BXor:
 		return func(d, s []byte) {
 			dv, sv := view[T](d), view[T](s)
 			sv = sv[:len(dv)]
@@ -182,14 +182,14 @@ func integer[T integral](t backend.RedOpType) func(dst, src []byte) {
 
 // logic combines bools stored as bytes 0/1. Inputs may hold other non-zero
 // bytes (ToSlice reads them as true); outputs are always 0 or 1.
-func logic(t backend.RedOpType) func(dst, src []byte) {
+func logic(t reduceop.Type) func(dst, src []byte) {
 	var f func(a, b bool) bool
 	switch t {
-	case backend.Sum, backend.Max, backend.BOr:
+	case reduceop.Sum, reduceop.Max, reduceop.BOr:
 		f = func(a, b bool) bool { return a || b }
-	case backend.Product, backend.Min, backend.BAnd:
+	case reduceop.Product, reduceop.Min, reduceop.BAnd:
 		f = func(a, b bool) bool { return a && b }
-	case backend.BXor:
+	case reduceop.BXor:
 		f = func(a, b bool) bool { return a != b }
 	default:
 		return nil
@@ -234,16 +234,16 @@ func codecOf(dt tensor.DType) codec {
 	}
 }
 
-func narrow(dt tensor.DType, t backend.RedOpType) func(dst, src []byte) {
+func narrow(dt tensor.DType, t reduceop.Type) func(dst, src []byte) {
 	var f func(a, b float32) float32
 	switch t {
-	case backend.Sum:
+	case reduceop.Sum:
 		f = func(a, b float32) float32 { return a + b }
-	case backend.Product:
+	case reduceop.Product:
 		f = func(a, b float32) float32 { return a * b }
-	case backend.Min:
+	case reduceop.Min:
 		f = func(a, b float32) float32 { return min(a, b) }
-	case backend.Max:
+	case reduceop.Max:
 		f = func(a, b float32) float32 { return max(a, b) }
 	default:
 		return nil
