@@ -86,7 +86,7 @@ func TestOps(t *testing.T) {
 		if err := w.Wait(ctx); err != nil {
 			return err
 		}
-		if got, _ := tensor.ToSlice[int32](out); got[0] != 0 || got[2] != 2 {
+		if got, _ := tensor.ToSlice[int32](out); got[0] != 0 || got[1] != 1 || got[2] != 2 {
 			return fmt.Errorf("allgather: %v", got)
 		}
 		// send/recv ring with a user tag, and recv_anysource on rank 0
@@ -151,7 +151,15 @@ func TestTimeoutNamesLateRank(t *testing.T) {
 			errs[r] = w.Wait(ctx)
 		})
 	}
-	wg.Wait()
+	// Bounded on its own: if timeouts stopped working, the test must fail
+	// here, not hang until go test's deadline.
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a 500 ms timeout had not fired after 10 s")
+	}
 	if el := time.Since(start); el > 1500*time.Millisecond {
 		t.Errorf("took %v", el)
 	}
