@@ -438,7 +438,9 @@ func TestInitRejectsBadConfig(t *testing.T) {
 		{Config{Store: st, Rank: 2, WorldSize: 2, Backend: "reccpu"}, "rank 2 outside [0, 2)"},
 		{Config{Store: st, WorldSize: 1, Backend: "nosuch"}, `Unknown backend "nosuch"`},
 		{Config{Store: st, WorldSize: 1, Backend: "cpu:reccpu,"}, "Invalid device:backend pairing"},
-		{Config{Store: st, WorldSize: 1, Backend: "reccpu", Timeout: -1}, "negative timeout"},
+		{Config{Store: st, WorldSize: 1, Backend: "reccpu", Timeout: -1}, "dispatcher.Config.Timeout=-1ns: want a timeout that is not negative"},
+		{Config{Store: st, WorldSize: 1, Backend: "reccpu", Monitor: MonitorOptions{CoordCheck: -time.Second}}, "dispatcher.MonitorOptions.CoordCheck=-1s"},
+		{Config{Store: st, WorldSize: 1, Backend: "cpu:reccpu,cuda:badopts"}, `GOCOLL_BADOPTS_MODE="bogus"`},
 	} {
 		_, err := Init(context.Background(), c.cfg)
 		if !errors.Is(err, backend.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {

@@ -3,11 +3,14 @@ package dispatcher
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/knob"
 	"github.com/gocoll/gocoll/store"
 )
 
@@ -67,14 +70,15 @@ func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	if err != nil {
 		return nil, err
 	}
-	timeout := cfg.Timeout
-	if timeout == 0 {
-		timeout = DefaultTimeout
+	// Reject bad knobs before the rendezvous; Init resolves them again,
+	// which changes nothing.
+	if cfg, err = resolveConfig(cfg, knob.OS); err != nil {
+		return nil, err
 	}
 	addr := net.JoinHostPort(env.MasterAddr, strconv.Itoa(env.MasterPort))
 	st, err := store.NewTCPStore(ctx, addr, store.TCPStoreOptions{
 		IsMaster:      env.Rank == 0,
-		ClientOptions: store.ClientOptions{Timeout: timeout, WorldSize: env.WorldSize},
+		ClientOptions: store.ClientOptions{Timeout: cfg.Timeout, WorldSize: env.WorldSize},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dispatcher: rendezvous at %s: %w", addr, err)
@@ -87,4 +91,96 @@ func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	}
 	pg.ownedStore = st
 	return pg, nil
+}
+
+// vars are the names of one dispatcher variable: GOCOLL_<name>, then its
+// TORCH_NCCL_<name> alias (the flight recorder and the heartbeat monitor
+// are ProcessGroupNCCL's in PyTorch, whatever the backend here).
+func vars(name string) []string { return []string{"GOCOLL_" + name, "TORCH_NCCL_" + name} }
+
+// parseTraceEntries reads GOCOLL_TRACE_BUFFER_SIZE, where 0 turns the
+// recorder off; FlightRecorderOptions.Entries says that with -1.
+func parseTraceEntries(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, knob.Want("a non-negative integer (0 turns the recorder off)")
+	}
+	if n == 0 {
+		n = -1
+	}
+	return n, nil
+}
+
+// The knobs of Config; see the fields for their meaning.
+var (
+	knobTimeout = knob.Knob[time.Duration]{Field: "dispatcher.Config.Timeout", Default: DefaultTimeout,
+		Check: func(d time.Duration) error {
+			if d < 0 {
+				return knob.Want("a timeout that is not negative (0 means DefaultTimeout)")
+			}
+			return nil
+		}}
+	knobTraceEntries = knob.Knob[int]{Field: "dispatcher.FlightRecorderOptions.Entries", Env: vars("TRACE_BUFFER_SIZE"),
+		Default: DefaultTraceEntries, Parse: parseTraceEntries}
+	knobDumpPrefix = knob.Knob[string]{Field: "dispatcher.FlightRecorderOptions.DumpPrefix", Env: vars("DEBUG_INFO_TEMP_FILE"),
+		Default: DefaultDumpPrefix}
+	knobPipeFile      = knob.Knob[string]{Field: "dispatcher.FlightRecorderOptions.PipeFile", Env: vars("DEBUG_INFO_PIPE_FILE")}
+	knobNoDumpOnError = knob.Knob[bool]{Field: "dispatcher.FlightRecorderOptions.NoDumpOnError", Env: vars("DUMP_ON_TIMEOUT"),
+		Parse: knob.Not}
+	knobPoll = knob.Knob[time.Duration]{Field: "dispatcher.FlightRecorderOptions.Poll", Default: 100 * time.Millisecond,
+		Check: knob.Positive[time.Duration]}
+	knobNoMonitor = knob.Knob[bool]{Field: "dispatcher.MonitorOptions.Disable", Env: vars("ENABLE_MONITORING"), Parse: knob.Not}
+	knobHeartbeat = knob.Knob[time.Duration]{Field: "dispatcher.MonitorOptions.HeartbeatTimeout", Env: vars("HEARTBEAT_TIMEOUT_SEC"),
+		Default: DefaultHeartbeatTimeout, Parse: knob.Units(time.Second), Check: knob.Positive[time.Duration]}
+	knobCoordCheck = knob.Knob[time.Duration]{Field: "dispatcher.MonitorOptions.CoordCheck", Env: vars("COORD_CHECK_MILSEC"),
+		Default: DefaultCoordCheck, Parse: knob.Units(time.Millisecond), Check: knob.Positive[time.Duration]}
+)
+
+// resolveConfig fills cfg's zero knobs (Timeout, FlightRecorder, Monitor)
+// from env, else their defaults, and checks every value, so that Init
+// rejects a bad one before it starts anything. It reads nothing but env:
+// tests call it with a knob.Map.
+func resolveConfig(cfg Config, env knob.Env) (Config, error) {
+	var err error
+	dur := func(dst *time.Duration, k knob.Knob[time.Duration]) {
+		if err == nil {
+			*dst, err = k.Resolve(env, *dst)
+		}
+	}
+	str := func(dst *string, k knob.Knob[string]) {
+		if err == nil {
+			*dst, err = k.Resolve(env, *dst)
+		}
+	}
+	flag := func(dst *bool, k knob.Knob[bool]) {
+		if err == nil {
+			*dst, err = k.Resolve(env, *dst)
+		}
+	}
+	dur(&cfg.Timeout, knobTimeout)
+	fr := &cfg.FlightRecorder
+	if err == nil {
+		fr.Entries, err = knobTraceEntries.Resolve(env, fr.Entries)
+	}
+	str(&fr.DumpPrefix, knobDumpPrefix)
+	str(&fr.PipeFile, knobPipeFile)
+	flag(&fr.NoDumpOnError, knobNoDumpOnError)
+	dur(&fr.Poll, knobPoll)
+	mo := &cfg.Monitor
+	flag(&mo.Disable, knobNoMonitor)
+	dur(&mo.HeartbeatTimeout, knobHeartbeat)
+	dur(&mo.CoordCheck, knobCoordCheck)
+	if err != nil {
+		return cfg, fmt.Errorf("dispatcher: %w: %w", backend.ErrInvalidArgument, err)
+	}
+	if fr.Logger == nil {
+		fr.Logger = slog.Default()
+	}
+	if mo.Logger == nil {
+		mo.Logger = slog.Default()
+	}
+	if mo.Exit == nil {
+		mo.Exit = os.Exit
+	}
+	return cfg, nil
 }

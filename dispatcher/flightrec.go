@@ -25,67 +25,29 @@ const (
 	DefaultDumpPrefix   = "/tmp/gocoll_trace_rank_"
 )
 
-// FlightRecorderOptions configure the flight recorder. Config's zero value
-// gets the defaults, overridden by the environment (see FromEnv).
+// FlightRecorderOptions configure the flight recorder. A zero field takes
+// its variable's value (GOCOLL_ name, or its TORCH_NCCL_ alias), else its
+// default; a set field wins over the variable.
 type FlightRecorderOptions struct {
 	// Entries is the ring buffer's size; negative disables the recorder.
-	// 0 means DefaultTraceEntries.
+	// 0 means GOCOLL_TRACE_BUFFER_SIZE (where 0 disables it), else
+	// DefaultTraceEntries.
 	Entries int
 	// DumpPrefix is the dump file's path without the rank: rank r dumps to
-	// DumpPrefix + r. Empty means DefaultDumpPrefix.
+	// DumpPrefix + r. Empty means GOCOLL_DEBUG_INFO_TEMP_FILE, else
+	// DefaultDumpPrefix.
 	DumpPrefix string
 	// PipeFile, when set, makes a FIFO at PipeFile + rank + ".pipe"; writing
-	// "1" and a newline to it dumps on demand.
+	// "1" and a newline to it dumps on demand (GOCOLL_DEBUG_INFO_PIPE_FILE).
 	PipeFile string
-	// NoDumpOnError stops the automatic dump when an op fails or times out.
+	// NoDumpOnError stops the automatic dump when an op fails or times out
+	// (GOCOLL_DUMP_ON_TIMEOUT=0).
 	NoDumpOnError bool
-	// Poll is how often completions are noticed (default 100 ms, the
-	// watchdog's period).
+	// Poll is how often completions are noticed (zero: 100 ms, the
+	// watchdog's period; negative is invalid).
 	Poll time.Duration
 	// Logger gets one line per dump. Nil means slog.Default().
 	Logger *slog.Logger
-}
-
-// flightRecorderFromEnv applies GOCOLL_TRACE_BUFFER_SIZE,
-// GOCOLL_DEBUG_INFO_TEMP_FILE, GOCOLL_DEBUG_INFO_PIPE_FILE and
-// GOCOLL_DUMP_ON_TIMEOUT (and their TORCH_NCCL_ aliases) to o, rejecting
-// invalid values.
-func flightRecorderFromEnv(o FlightRecorderOptions) (FlightRecorderOptions, error) {
-	if v, name, ok := lookupEnv("TRACE_BUFFER_SIZE"); ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return o, fmt.Errorf("dispatcher: %w: %s=%q is not a non-negative integer", backend.ErrInvalidArgument, name, v)
-		}
-		if n == 0 {
-			n = -1
-		}
-		o.Entries = n
-	}
-	if v, _, ok := lookupEnv("DEBUG_INFO_TEMP_FILE"); ok && v != "" {
-		o.DumpPrefix = v
-	}
-	if v, _, ok := lookupEnv("DEBUG_INFO_PIPE_FILE"); ok && v != "" {
-		o.PipeFile = v
-	}
-	if v, name, ok := lookupEnv("DUMP_ON_TIMEOUT"); ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return o, fmt.Errorf("dispatcher: %w: %s=%q is not a boolean", backend.ErrInvalidArgument, name, v)
-		}
-		o.NoDumpOnError = !b
-	}
-	return o, nil
-}
-
-// lookupEnv reads GOCOLL_<suffix>, or else its alias TORCH_NCCL_<suffix>,
-// and says which name it read.
-func lookupEnv(suffix string) (value, name string, ok bool) {
-	for _, n := range []string{"GOCOLL_" + suffix, "TORCH_NCCL_" + suffix} {
-		if v, ok := os.LookupEnv(n); ok {
-			return v, n, true
-		}
-	}
-	return "", "", false
 }
 
 // FlightRecorder keeps the last ops of every group of a process in a ring

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/knob"
 	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -36,7 +37,11 @@ import (
 // minutes, PyTorch's default for NCCL and Gloo.
 const DefaultTimeout = 10 * time.Minute
 
-// Config describes the default process group of a job.
+// Config describes the default process group of a job. Its zero knobs
+// mean the defaults, as the environment may change them; a set field wins
+// over its variable (internal/knob's rule, the same in every backend), and
+// an invalid value, of a field, a variable or a backend's options, fails
+// Init with an error naming it.
 type Config struct {
 	// Store is where the ranks meet. Required.
 	Store store.Store
@@ -47,14 +52,15 @@ type Config struct {
 	// Backend is a PyTorch backend string: one backend name, or
 	// "device:backend" pairs such as "cpu:cpupool,cuda:nccl".
 	Backend string
-	// Timeout is the default op timeout; 0 means DefaultTimeout. It also
-	// bounds the store barrier at Init.
+	// Timeout is the default op timeout; 0 means DefaultTimeout, negative
+	// is invalid. It also bounds the store barrier at Init.
 	Timeout time.Duration
 	// Device, when set, initialises that device's backend eagerly (for
 	// NCCL: creates the communicator now, as PyTorch's device_id does).
 	Device *tensor.Device
 	// BackendOptions maps a backend name to its options (e.g.
-	// "nccl": &nccl.Options{...}); backends get nil for defaults.
+	// "nccl": &nccl.Options{...}, whose zero fields are the defaults);
+	// backends get nil for defaults.
 	BackendOptions map[string]any
 	// SkipInitBarrier skips the store barrier that Init runs to make sure
 	// every rank has arrived. PyTorch has the same switch
@@ -63,12 +69,12 @@ type Config struct {
 	// FlightRecorder configures the flight recorder, which is on by default;
 	// the GOCOLL_TRACE_BUFFER_SIZE, GOCOLL_DEBUG_INFO_TEMP_FILE,
 	// GOCOLL_DEBUG_INFO_PIPE_FILE and GOCOLL_DUMP_ON_TIMEOUT variables (or
-	// their TORCH_NCCL_ names) override it.
+	// their TORCH_NCCL_ names) stand in for its zero fields.
 	FlightRecorder FlightRecorderOptions
 	// Monitor configures the heartbeat monitor, on by default; the
 	// GOCOLL_ENABLE_MONITORING, GOCOLL_HEARTBEAT_TIMEOUT_SEC and
 	// GOCOLL_COORD_CHECK_MILSEC variables (or their TORCH_NCCL_ names)
-	// override it.
+	// stand in for its zero fields.
 	Monitor MonitorOptions
 }
 
@@ -123,11 +129,9 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	if cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize {
 		return nil, fmt.Errorf("dispatcher: %w: rank %d outside [0, %d)", backend.ErrInvalidArgument, cfg.Rank, cfg.WorldSize)
 	}
-	if cfg.Timeout < 0 {
-		return nil, fmt.Errorf("dispatcher: %w: negative timeout %v", backend.ErrInvalidArgument, cfg.Timeout)
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
+	cfg, err := resolveConfig(cfg, knob.OS)
+	if err != nil {
+		return nil, err
 	}
 	ranks := make([]int, cfg.WorldSize)
 	for i := range ranks {
@@ -141,15 +145,8 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 		return nil, fmt.Errorf("dispatcher: %w", err)
 	}
 	pg.store = st
-	fro, err := flightRecorderFromEnv(cfg.FlightRecorder)
-	if err != nil {
-		return nil, err
-	}
-	mono, err := monitorFromEnv(cfg.Monitor)
-	if err != nil {
-		return nil, err
-	}
-	if fro.Entries >= 0 {
+	fro, mono := cfg.FlightRecorder, cfg.Monitor
+	if fro.Entries > 0 {
 		if pg.recorder, err = newFlightRecorder(fro, cfg.Rank, cfg.WorldSize); err != nil {
 			return nil, err
 		}
@@ -177,8 +174,10 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 
 // build makes the group's backends. A backend that cannot be made (its
 // native library is missing, say) is recorded, and ops on its device fail
-// with that error; the other devices still work. With cfg.Device set, that
-// device's backend must succeed.
+// with that error; the other devices still work. A backend whose options
+// are invalid (its error wraps ErrInvalidArgument) fails build, so that a
+// bad value is reported at Init, not at the first op. With cfg.Device set,
+// that device's backend must succeed.
 func (pg *ProcessGroup) build(ctx context.Context, parent *ProcessGroup) error {
 	devmap, err := backend.ParseBackendString(pg.cfg.Backend)
 	if err != nil {
@@ -211,7 +210,7 @@ func (pg *ProcessGroup) build(ctx context.Context, parent *ProcessGroup) error {
 			// backend, so that Close and Abort skip it.
 			b = nil
 			err = fmt.Errorf("dispatcher: group %s: backend %q for %s: %w", pg.desc, name, dt, err)
-			if bcfg.Device != nil {
+			if bcfg.Device != nil || errors.Is(err, backend.ErrInvalidArgument) {
 				pg.closeBackends(ctx)
 				return err
 			}
@@ -286,7 +285,8 @@ func (pg *ProcessGroup) Backend(dt tensor.DeviceType) (backend.Backend, error) {
 type GroupOptions struct {
 	// Desc describes the group; empty gives "<parent desc>:group:<name>".
 	Desc string
-	// Timeout overrides the parent's default op timeout when non-zero.
+	// Timeout overrides the parent's default op timeout when non-zero;
+	// negative is invalid.
 	Timeout time.Duration
 	// KeepOrder keeps the ranks in the order given instead of sorting them
 	// (PyTorch's sort_ranks=False).
@@ -322,14 +322,15 @@ func (pg *ProcessGroup) NewGroup(ctx context.Context, ranks []int, opts GroupOpt
 		}
 		seen[r] = true
 	}
+	timeout, err := knob.Knob[time.Duration]{Field: "dispatcher.GroupOptions.Timeout", Default: root.timeout,
+		Check: knob.NonNegative[time.Duration]}.Resolve(knob.OS, opts.Timeout)
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher: new group: %w: %w", backend.ErrInvalidArgument, err)
+	}
 	name := strconv.FormatUint(root.nextGroupID.Add(1), 10)
 	desc := opts.Desc
 	if desc == "" {
 		desc = root.desc + ":group:" + name
-	}
-	timeout := root.timeout
-	if opts.Timeout > 0 {
-		timeout = opts.Timeout
 	}
 	g := &ProcessGroup{rank: slices.Index(ranks, root.globalRank), size: len(ranks), globalRank: root.globalRank,
 		ranks: ranks, name: name, desc: desc, timeout: timeout, cfg: root.cfg, root: root, recorder: root.recorder}

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"time"
 
@@ -26,60 +25,22 @@ const dumpSignalKey = "fr/dump_signal"
 // MonitorOptions configure the heartbeat monitor: a goroutine per process
 // that ends the process, after dumping the flight recorder and every
 // goroutine's stack, when a backend's watchdog stops advancing; and that
-// dumps when a peer asks through the store.
+// dumps when a peer asks through the store. A zero field takes its
+// variable's value (GOCOLL_ name, or its TORCH_NCCL_ alias), else its
+// default; a set field wins over the variable.
 type MonitorOptions struct {
 	// Disable turns the monitor off (GOCOLL_ENABLE_MONITORING=0).
 	Disable bool
 	// HeartbeatTimeout is how long a watchdog heartbeat may stand still
-	// (default 480 s; GOCOLL_HEARTBEAT_TIMEOUT_SEC).
+	// (GOCOLL_HEARTBEAT_TIMEOUT_SEC; zero: 480 s; negative is invalid).
 	HeartbeatTimeout time.Duration
 	// CoordCheck is how often the store is polled for a peer's dump signal
-	// (default 1 s; GOCOLL_COORD_CHECK_MILSEC).
+	// (GOCOLL_COORD_CHECK_MILSEC; zero: 1 s; negative is invalid).
 	CoordCheck time.Duration
 	// Exit ends the process; nil means os.Exit. Tests replace it.
 	Exit func(code int)
 	// Logger gets the fatal line. Nil means slog.Default().
 	Logger *slog.Logger
-}
-
-func monitorFromEnv(o MonitorOptions) (MonitorOptions, error) {
-	bad := func(name, v, want string) error {
-		return fmt.Errorf("dispatcher: %w: %s=%q is not %s", backend.ErrInvalidArgument, name, v, want)
-	}
-	if v, name, ok := lookupEnv("ENABLE_MONITORING"); ok {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return o, bad(name, v, "a boolean")
-		}
-		o.Disable = !b
-	}
-	if v, name, ok := lookupEnv("HEARTBEAT_TIMEOUT_SEC"); ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			return o, bad(name, v, "a positive number of seconds")
-		}
-		o.HeartbeatTimeout = time.Duration(n) * time.Second
-	}
-	if v, name, ok := lookupEnv("COORD_CHECK_MILSEC"); ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			return o, bad(name, v, "a positive number of milliseconds")
-		}
-		o.CoordCheck = time.Duration(n) * time.Millisecond
-	}
-	if o.HeartbeatTimeout <= 0 {
-		o.HeartbeatTimeout = DefaultHeartbeatTimeout
-	}
-	if o.CoordCheck <= 0 {
-		o.CoordCheck = DefaultCoordCheck
-	}
-	if o.Exit == nil {
-		o.Exit = os.Exit
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	return o, nil
 }
 
 // monitor is the heartbeat monitor of a process (its default group).

@@ -108,25 +108,26 @@ var _ backend.Coalescer = (*Backend)(nil)
 // ErrUnavailable when it is missing) and starts the watchdog. With
 // cfg.Device set it creates the device's communicator now (eager init).
 func New(ctx context.Context, cfg backend.Config) (*Backend, error) {
-	if err := Load(); err != nil {
-		return nil, err
-	}
+	// Options first, so that an invalid value is reported even where the
+	// library is missing.
 	var opts Options
 	switch o := cfg.Options.(type) {
 	case nil:
-		var err error
-		if opts, err = OptionsFromEnv(); err != nil {
-			return nil, fmt.Errorf("%w: %w", backend.ErrInvalidArgument, err)
-		}
 	case Options:
 		opts = o
 	case *Options:
-		opts = *o
+		if o != nil {
+			opts = *o
+		}
 	default:
 		return nil, fmt.Errorf("%w: nccl: options of type %T, want nccl.Options", backend.ErrInvalidArgument, cfg.Options)
 	}
-	if err := opts.validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", backend.ErrInvalidArgument, err)
+	opts, err := ResolveOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := Load(); err != nil {
+		return nil, err
 	}
 	if cfg.WorldSize <= 0 || cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize {
 		return nil, fmt.Errorf("%w: nccl: rank %d of %d", backend.ErrInvalidArgument, cfg.Rank, cfg.WorldSize)
@@ -493,7 +494,7 @@ func (b *Backend) createComm(ctx context.Context, c *comm, storeKey string, rank
 	}
 	h := (*C.uintptr_t)(C.calloc(1, 8)) // NCCL may write it after returning (nonblocking)
 	r := C.gn_comm_init(C.uintptr_t(c.ctx), h, C.int(size), unsafe.Pointer(&ids[0]), C.int(nroots), C.int(rank), sc,
-		blocking, C.int(b.opts.CGAClusterSize), C.int(b.opts.MinCTAs), C.int(b.opts.MaxCTAs), netName, c.name)
+		blocking, C.int(b.opts.cgaClusterSize()), C.int(b.opts.MinCTAs), C.int(b.opts.MaxCTAs), netName, c.name)
 	if err := result("ncclCommInitRank", r); err != nil {
 		return err
 	}
