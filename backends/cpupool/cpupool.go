@@ -39,7 +39,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,6 +46,7 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/coll"
+	"github.com/gocoll/gocoll/internal/knob"
 	"github.com/gocoll/gocoll/internal/tcpmesh"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -57,7 +57,8 @@ const Name = "cpupool"
 // Environment variables read when the matching option is left zero.
 const (
 	// EnvSocketIfname names the network interface whose first IPv4 address
-	// peers dial (PyTorch's GLOO_SOCKET_IFNAME, also accepted).
+	// peers dial when Options.Host is empty (PyTorch's GLOO_SOCKET_IFNAME,
+	// also accepted, after it).
 	EnvSocketIfname = "GOCOLL_SOCKET_IFNAME"
 	// EnvThreads sets Options.Threads.
 	EnvThreads = "GOCOLL_CPUPOOL_THREADS"
@@ -66,10 +67,16 @@ const (
 )
 
 // Options are cpupool's backend options (backend.Config.Options, as
-// *Options or Options). The zero value is the defaults.
+// *Options or Options; nil is Options{}). The zero value of every field is
+// its default, which the field's variable, when set to a non-empty value,
+// replaces; a set field wins over the variable (internal/knob's rule, as
+// in the dispatcher and the nccl backend). Invalid values, of fields or
+// variables, fail New (and so dispatcher.Init) with an error naming them.
+// Sizes and durations may not be negative, except PollSpin, where negative
+// means "never".
 type Options struct {
 	// Threads is the number of worker goroutines that run collectives
-	// (default 2, as Gloo's; GOCOLL_CPUPOOL_THREADS).
+	// (GOCOLL_CPUPOOL_THREADS; default 2, as Gloo's).
 	Threads int
 	// Host is the address peers connect to. Default: the first IPv4 address
 	// of GOCOLL_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME); else the host name's
@@ -106,7 +113,8 @@ type Options struct {
 	// on a work, poll before they park (negative: never). Polling trades a
 	// little CPU for the goroutine wake-ups that dominate small-message
 	// latency. Default: 50 µs, or never when more ranks share this host
-	// than it has CPUs (a spinning rank would take a peer's core).
+	// than it has CPUs (a spinning rank would take a peer's core); the
+	// default depends on the mesh, so Backend.Options keeps it zero.
 	PollSpin time.Duration
 }
 
@@ -139,8 +147,9 @@ type Backend struct {
 
 var _ backend.Backend = (*Backend)(nil)
 
-// New is the backend.Factory of cpupool: it connects the mesh through
-// cfg.Store and starts the workers.
+// New is the backend.Factory of cpupool: it resolves the options (the
+// first error is returned before anything starts), connects the mesh
+// through cfg.Store and starts the workers.
 func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	var opts Options
 	switch o := cfg.Options.(type) {
@@ -154,8 +163,14 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	default:
 		return nil, fmt.Errorf("%w: cpupool: options of type %T (want *cpupool.Options)", backend.ErrInvalidArgument, cfg.Options)
 	}
-	if err := opts.fill(cfg); err != nil {
+	opts, ifname, err := resolveOptions(opts, cfg.Timeout, knob.OS)
+	if err != nil {
 		return nil, err
+	}
+	if opts.Host == "" {
+		if opts.Host, err = defaultHost(ifname); err != nil {
+			return nil, err
+		}
 	}
 	b := &Backend{cfg: cfg, opts: opts}
 	b.q.init(lazyWake)
@@ -189,70 +204,21 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	return b, nil
 }
 
-func (o *Options) fill(cfg backend.Config) error {
-	if o.Threads == 0 {
-		if v := os.Getenv(EnvThreads); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
-				return fmt.Errorf("%w: %s=%q: want a positive integer", backend.ErrInvalidArgument, EnvThreads, v)
-			}
-			o.Threads = n
-		}
-	}
-	if o.Threads == 0 {
-		o.Threads = 2
-	}
-	if o.Transport == "" {
-		o.Transport = os.Getenv(EnvTransport)
-	}
-	switch o.Transport {
-	case "":
-		o.Transport = tcpmesh.TransportAuto
-	case tcpmesh.TransportAuto, tcpmesh.TransportTCP, tcpmesh.TransportShm:
-	default:
-		return fmt.Errorf("%w: cpupool: transport %q: want auto, tcp or shm (Options.Transport or %s)", backend.ErrInvalidArgument, o.Transport, EnvTransport)
-	}
-	if o.ShmRingBytes < 0 || o.ShmRingBytes&(o.ShmRingBytes-1) != 0 {
-		return fmt.Errorf("%w: cpupool: ShmRingBytes %d is not a power of two", backend.ErrInvalidArgument, o.ShmRingBytes)
-	}
-
-	if o.Threads < 0 || o.SegmentBytes < 0 || o.SmallBytes < 0 || o.Window < 0 || o.MaxMessageBytes < 0 || o.ConnectTimeout < 0 || o.SocketBufferBytes < 0 {
-		return fmt.Errorf("%w: cpupool: negative option in %+v", backend.ErrInvalidArgument, *o)
-	}
-	if o.ConnectTimeout == 0 {
-		o.ConnectTimeout = cfg.Timeout
-		if o.ConnectTimeout <= 0 {
-			o.ConnectTimeout = 5 * time.Minute
-		}
-	}
-	if o.Host == "" {
-		h, err := defaultHost()
+// defaultHost picks the address peers dial when Options.Host is empty:
+// the interface's, when resolveOptions found one named; see Options.Host.
+func defaultHost(ifi iface) (string, error) {
+	if ifi.name != "" {
+		nif, err := net.InterfaceByName(ifi.name)
 		if err != nil {
-			return err
+			return "", fmt.Errorf("%w: cpupool: %s=%q: %v", backend.ErrInvalidArgument, ifi.variable, ifi.name, err)
 		}
-		o.Host = h
-	}
-	return nil
-}
-
-// defaultHost picks the address peers dial; see Options.Host.
-func defaultHost() (string, error) {
-	name := os.Getenv(EnvSocketIfname)
-	if name == "" {
-		name = os.Getenv("GLOO_SOCKET_IFNAME")
-	}
-	if name != "" {
-		ifi, err := net.InterfaceByName(name)
-		if err != nil {
-			return "", fmt.Errorf("%w: %s=%q: %v", backend.ErrInvalidArgument, EnvSocketIfname, name, err)
-		}
-		addrs, _ := ifi.Addrs()
+		addrs, _ := nif.Addrs()
 		for _, a := range addrs {
 			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
 				return ipn.IP.String(), nil
 			}
 		}
-		return "", fmt.Errorf("%w: %s=%q has no IPv4 address", backend.ErrInvalidArgument, EnvSocketIfname, name)
+		return "", fmt.Errorf("%w: cpupool: %s=%q has no IPv4 address", backend.ErrInvalidArgument, ifi.variable, ifi.name)
 	}
 	if hn, err := os.Hostname(); err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
