@@ -144,9 +144,6 @@ func (k Knob[T]) Resolve(env Env, field T) (T, error) {
 	return v, nil
 }
 
-// Vars returns the knob's environment variables, for documentation checks.
-func (k Knob[T]) Vars() []string { return k.Env }
-
 func show(v any) string {
 	if s, ok := v.(string); ok {
 		return strconv.Quote(s)
