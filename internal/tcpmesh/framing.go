@@ -1,0 +1,180 @@
+package tcpmesh
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"time"
+)
+
+// Frame kinds.
+const (
+	kindData       = 1
+	kindProbe      = 2 // tag: probe id; no payload
+	kindProbeReply = 3 // tag: probe id; payload: 8-byte value
+	kindBye        = 4 // the peer closes in order; no payload
+	kindFail       = 5 // tag: an op the peer gave up; payload: 1 byte code, then the reason
+	maxReason      = 4 << 10
+	hdrLen         = 24
+	helloMagic     = 0x67636f6c // "gcol"
+	smallWrite     = 32 << 10   // payloads up to this are copied next to the header: one syscall
+)
+
+// Send implements coll.Transport.
+func (m *Mesh) Send(ctx context.Context, peer int, tag uint64, buf []byte) error {
+	return m.write(ctx, peer, kindData, tag, buf)
+}
+
+func (m *Mesh) write(ctx context.Context, to int, kind byte, tag uint64, buf []byte) error {
+	if to == m.rank || to < 0 || to >= m.size {
+		return fmt.Errorf("tcpmesh: send to invalid rank %d", to)
+	}
+	if err := m.Err(); err != nil {
+		return err
+	}
+	p := m.peers[to]
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	if p.pair != nil {
+		return m.writeShm(ctx, p, kind, tag, buf)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = p.conn.SetWriteDeadline(dl)
+		p.dl = true
+	} else if p.dl {
+		_ = p.conn.SetWriteDeadline(time.Time{})
+		p.dl = false
+	}
+	h := p.hdr[:]
+	h[0] = kind
+	binary.LittleEndian.PutUint32(h[4:], uint32(m.rank))
+	binary.LittleEndian.PutUint64(h[8:], tag)
+	binary.LittleEndian.PutUint64(h[16:], uint64(len(buf)))
+	var err error
+	if len(buf) <= smallWrite {
+		n := copy(p.wbuf, h)
+		n += copy(p.wbuf[n:], buf)
+		_, err = p.conn.Write(p.wbuf[:n])
+	} else {
+		p.bufs = append(p.bufs[:0], h, buf)
+		_, err = p.bufs.WriteTo(p.conn)
+	}
+	if err != nil {
+		// A partial frame leaves the stream unusable.
+		perr := &PeerError{Rank: to, Err: err}
+		m.fail(perr)
+		_ = p.conn.Close()
+		return perr
+	}
+	return nil
+}
+
+// Probe asks peer for its OnProbe value, bounded by ctx.
+func (m *Mesh) Probe(ctx context.Context, to int) (uint64, error) {
+	id := m.probeID.Add(1)
+	ch := make(chan uint64, 1)
+	m.mu.Lock()
+	m.probes[id] = ch
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.probes, id)
+		m.mu.Unlock()
+	}()
+	if err := m.write(ctx, to, kindProbe, id, nil); err != nil {
+		return 0, err
+	}
+	select {
+	case v := <-ch:
+		return v, nil
+	case <-ctx.Done():
+		return 0, fmt.Errorf("tcpmesh: probe of rank %d: %w", to, ctx.Err())
+	}
+}
+
+func (m *Mesh) readLoop(p *peer) {
+	defer m.readers.Done()
+	for {
+		if err := m.readFrame(p); err != nil {
+			if !p.bye || err != io.EOF {
+				m.fail(&PeerError{Rank: p.rank, Err: err})
+			}
+			return
+		}
+	}
+}
+
+// readFrame reads and handles one frame from p.r.
+func (m *Mesh) readFrame(p *peer) error {
+	h := p.rhdr[:]
+	if _, err := io.ReadFull(p.r, h); err != nil {
+		return err
+	}
+	kind := h[0]
+	src := int(binary.LittleEndian.Uint32(h[4:]))
+	tag := binary.LittleEndian.Uint64(h[8:])
+	n := binary.LittleEndian.Uint64(h[16:])
+	if src != p.rank {
+		return fmt.Errorf("frame claims source %d", src)
+	}
+	if p.pair != nil {
+		if err := m.handleFrame(p, kind, tag, n); err != nil {
+			return err
+		}
+		return p.pair.In.Skip(framePad(int(n)))
+	}
+	return m.handleFrame(p, kind, tag, n)
+}
+
+// handleFrame handles one frame whose header has been read.
+func (m *Mesh) handleFrame(p *peer, kind byte, tag, n uint64) error {
+	switch kind {
+	case kindData:
+		return m.deliver(p, tag, n)
+	case kindProbe:
+		go func() {
+			var val uint64
+			if m.cfg.OnProbe != nil {
+				val = m.cfg.OnProbe()
+			}
+			var b [8]byte
+			binary.LittleEndian.PutUint64(b[:], val)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = m.write(ctx, p.rank, kindProbeReply, tag, b[:])
+		}()
+	case kindBye:
+		p.bye = true
+		m.peerGone(p.rank)
+	case kindFail:
+		if n < 1 || n > maxReason {
+			return fmt.Errorf("failure notice of %d bytes", n)
+		}
+		b := make([]byte, n) // rare: an op failed
+		if _, err := io.ReadFull(p.r, b); err != nil {
+			return err
+		}
+		m.tagFailed(&RemoteOpError{Rank: p.rank, Tag: tag, Code: b[0], Reason: string(b[1:])})
+	case kindProbeReply:
+		if n != 8 {
+			return fmt.Errorf("probe reply of %d bytes", n)
+		}
+		v := p.rhdr[:8]
+		if _, err := io.ReadFull(p.r, v); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		ch := m.probes[tag]
+		m.mu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- binary.LittleEndian.Uint64(v):
+			default:
+			}
+		}
+	default:
+		return fmt.Errorf("unknown frame kind %d", kind)
+	}
+	return nil
+}

@@ -1,0 +1,123 @@
+package tcpmesh
+
+import (
+	"context"
+	"fmt"
+)
+
+const (
+	statePosted = iota + 1
+	stateClaimed
+	stateDone
+)
+
+// Req is a posted receive (coll.Request). Requests are recycled: after
+// Wait or Cancel returns, the Req must not be used again.
+type Req struct {
+	m     *Mesh
+	peer  int
+	tag   uint64
+	buf   []byte
+	state int // guarded by m.mu while posted
+	src   int
+	err   error
+	done  chan struct{}
+	next  *Req
+	// combine, when set, reduces the message into buf instead of copying
+	// it (IrecvReduce); elem is the element size it works in.
+	combine func(dst, src []byte)
+	elem    int
+}
+
+func (r *Req) complete(err error) {
+	r.err = err
+	r.done <- struct{}{}
+}
+
+// Source is the rank the message came from; valid once Wait returned nil.
+func (r *Req) Source() int { return r.src }
+
+// Wait implements coll.Request.
+func (r *Req) Wait(ctx context.Context) error {
+	select {
+	case <-r.done:
+		return r.release()
+	default:
+	}
+	if r.spin() {
+		return r.release()
+	}
+	if op := relaxOp(ctx); op != nil {
+		defer op.acquire()
+	}
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		if r.withdraw() {
+			r.m.reqPool.Put(r.reset())
+			return fmt.Errorf("tcpmesh: receive from rank %d, tag %d: %w", r.peer, r.tag, ctx.Err())
+		}
+		<-r.done // matched already: the reader is filling the buffer
+	}
+	return r.release()
+}
+
+// WaitSource is Wait for a receive from any rank: it also returns the
+// source.
+func (r *Req) WaitSource(ctx context.Context) (int, error) {
+	src := -1
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		if r.withdraw() {
+			r.m.reqPool.Put(r.reset())
+			return -1, fmt.Errorf("tcpmesh: receive from any rank, tag %d: %w", r.tag, ctx.Err())
+		}
+		<-r.done
+	}
+	src = r.src
+	return src, r.release()
+}
+
+// Cancel implements coll.Request.
+func (r *Req) Cancel() {
+	select {
+	case <-r.done:
+	default:
+		if r.withdraw() {
+			r.m.reqPool.Put(r.reset())
+			return
+		}
+		<-r.done
+	}
+	_ = r.release()
+}
+
+// withdraw removes a still-posted receive from its queue; it reports false
+// when a message has matched it already.
+func (r *Req) withdraw() bool {
+	m := r.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r.state != statePosted {
+		return false
+	}
+	if r.peer >= 0 {
+		removeReq(m.posted, key{r.peer, r.tag}, r)
+	} else {
+		removeReq(m.anyPosted, r.tag, r)
+	}
+	r.state = stateDone
+	return true
+}
+
+func (r *Req) release() error {
+	err := r.err
+	r.m.reqPool.Put(r.reset())
+	return err
+}
+
+func (r *Req) reset() *Req {
+	r.buf, r.err, r.next, r.state, r.combine = nil, nil, nil, 0, nil
+	return r
+}
