@@ -104,18 +104,18 @@ func (m *Mesh) tagFailed(e *RemoteOpError) {
 	}
 	for peer := range m.size {
 		k := key{peer, e.Tag}
-		for r := popReq(m.posted, k); r != nil; r = popReq(m.posted, k) {
+		for r := popFrom(m.posted, k); r != nil; r = popFrom(m.posted, k) {
 			r.state = stateClaimed
 			victims = append(victims, r)
 		}
 		for l := m.unexpected[k]; l.head != nil && l.head.ready; l = m.unexpected[k] {
-			mg := popMsg(m.unexpected, k)
+			mg := popFrom(m.unexpected, k)
 			m.pool.Put(mg.buf)
 			*mg = msg{}
 			m.msgPool.Put(mg)
 		}
 	}
-	for r := popReq(m.anyPosted, e.Tag); r != nil; r = popReq(m.anyPosted, e.Tag) {
+	for r := popFrom(m.anyPosted, e.Tag); r != nil; r = popFrom(m.anyPosted, e.Tag) {
 		r.state = stateClaimed
 		victims = append(victims, r)
 	}

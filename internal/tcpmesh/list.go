@@ -1,115 +1,105 @@
 package tcpmesh
 
-type reqList struct{ head, tail *Req }
+// linked is an element of a fifo: it carries its own next pointer, so that
+// queueing an element allocates nothing. T is a pointer type (*Req, *msg)
+// whose zero value, nil, ends the list.
+type linked[T any] interface {
+	comparable
+	// link is the address of the element's next pointer.
+	link() *T
+}
 
-// popReq, pushReq, removeReq and popMsg edit the FIFO of one key, deleting
-// it when it empties so that the maps do not grow with every op's tag.
-func popReq[K comparable](mp map[K]reqList, k K) *Req {
+// fifo is an intrusive singly linked queue of posted receives (*Req) or of
+// unexpected messages (*msg). It is kept by value in the matching maps, so
+// a tag's queue costs no allocation of its own.
+type fifo[T linked[T]] struct{ head, tail T }
+
+// empty reports whether the queue holds nothing.
+func (l *fifo[T]) empty() bool {
+	var zero T
+	return l.head == zero
+}
+
+// push appends e at the tail.
+func (l *fifo[T]) push(e T) {
+	var zero T
+	*e.link() = zero
+	if l.tail == zero {
+		l.head, l.tail = e, e
+		return
+	}
+	*l.tail.link() = e
+	l.tail = e
+}
+
+// pop removes and returns the head, or the zero T when the queue is empty.
+func (l *fifo[T]) pop() T {
+	var zero T
+	if l == nil || l.head == zero {
+		return zero
+	}
+	e := l.head
+	l.head = *e.link()
+	if l.head == zero {
+		l.tail = zero
+	}
+	*e.link() = zero
+	return e
+}
+
+// remove unlinks e wherever it stands; an e not in the queue is ignored.
+func (l *fifo[T]) remove(e T) {
+	var zero, prev T
+	for c := l.head; c != zero; prev, c = c, *c.link() {
+		if c != e {
+			continue
+		}
+		if prev == zero {
+			l.head = *c.link()
+		} else {
+			*prev.link() = *c.link()
+		}
+		if l.tail == c {
+			l.tail = prev
+		}
+		*c.link() = zero
+		return
+	}
+}
+
+// popFrom, pushTo and removeFrom edit the queue of one key in a map of
+// queues, deleting it when it empties so that the maps do not grow with
+// every op's tag.
+func popFrom[K comparable, T linked[T]](mp map[K]fifo[T], k K) T {
 	l, ok := mp[k]
 	if !ok {
-		return nil
+		var zero T
+		return zero
 	}
-	r := l.pop()
-	if l.head == nil {
+	e := l.pop()
+	if l.empty() {
 		delete(mp, k)
 	} else {
 		mp[k] = l
 	}
-	return r
+	return e
 }
 
-func pushReq[K comparable](mp map[K]reqList, k K, r *Req) {
+func pushTo[K comparable, T linked[T]](mp map[K]fifo[T], k K, e T) {
 	l := mp[k]
-	l.push(r)
+	l.push(e)
 	mp[k] = l
 }
 
-func removeReq[K comparable](mp map[K]reqList, k K, r *Req) {
+func removeFrom[K comparable, T linked[T]](mp map[K]fifo[T], k K, e T) {
 	l := mp[k]
-	l.remove(r)
-	if l.head == nil {
+	l.remove(e)
+	if l.empty() {
 		delete(mp, k)
 	} else {
 		mp[k] = l
 	}
 }
 
-func popMsg(mp map[key]msgList, k key) *msg {
-	l, ok := mp[k]
-	if !ok {
-		return nil
-	}
-	mg := l.pop()
-	if l.head == nil {
-		delete(mp, k)
-	} else {
-		mp[k] = l
-	}
-	return mg
-}
-
-func (l *reqList) push(r *Req) {
-	r.next = nil
-	if l.tail == nil {
-		l.head, l.tail = r, r
-		return
-	}
-	l.tail.next = r
-	l.tail = r
-}
-
-func (l *reqList) pop() *Req {
-	if l == nil || l.head == nil {
-		return nil
-	}
-	r := l.head
-	l.head = r.next
-	if l.head == nil {
-		l.tail = nil
-	}
-	r.next = nil
-	return r
-}
-
-func (l *reqList) remove(r *Req) {
-	var prev *Req
-	for c := l.head; c != nil; prev, c = c, c.next {
-		if c == r {
-			if prev == nil {
-				l.head = c.next
-			} else {
-				prev.next = c.next
-			}
-			if l.tail == c {
-				l.tail = prev
-			}
-			c.next = nil
-			return
-		}
-	}
-}
-
-type msgList struct{ head, tail *msg }
-
-func (l *msgList) push(mg *msg) {
-	mg.next = nil
-	if l.tail == nil {
-		l.head, l.tail = mg, mg
-		return
-	}
-	l.tail.next = mg
-	l.tail = mg
-}
-
-func (l *msgList) pop() *msg {
-	if l == nil || l.head == nil {
-		return nil
-	}
-	mg := l.head
-	l.head = mg.next
-	if l.head == nil {
-		l.tail = nil
-	}
-	mg.next = nil
-	return mg
-}
+func (r *Req) link() **Req  { return &r.next }
+func (mg *msg) link() **msg { return &mg.next }

@@ -21,9 +21,9 @@ func (m *Mesh) deliver(p *peer, tag uint64, n uint64) error {
 		m.mu.Unlock()
 		return m.broken
 	}
-	r := popReq(m.posted, k)
+	r := popFrom(m.posted, k)
 	if r == nil {
-		r = popReq(m.anyPosted, tag)
+		r = popFrom(m.anyPosted, tag)
 	}
 	if r != nil {
 		r.state = stateClaimed
@@ -64,9 +64,7 @@ func (m *Mesh) deliver(p *peer, tag uint64, n uint64) error {
 	mg.src, mg.tag, mg.ready, mg.waiter, mg.err = p.rank, tag, false, nil, nil
 	m.arrivals++
 	mg.seq = m.arrivals
-	l := m.unexpected[k]
-	l.push(mg)
-	m.unexpected[k] = l
+	pushTo(m.unexpected, k, mg)
 	m.mu.Unlock()
 	buf := m.pool.Get(int(n))
 	_, rerr := io.ReadFull(p.r, buf)
@@ -188,7 +186,7 @@ func (m *Mesh) irecv(peer int, tag uint64, buf []byte, elem int, combine func(ds
 	}
 	var mg *msg
 	if peer >= 0 {
-		mg = popMsg(m.unexpected, key{peer, tag})
+		mg = popFrom(m.unexpected, key{peer, tag})
 	} else { // the earliest arrival from any peer
 		best := -1
 		var seq uint64
@@ -198,7 +196,7 @@ func (m *Mesh) irecv(peer int, tag uint64, buf []byte, elem int, combine func(ds
 			}
 		}
 		if best >= 0 {
-			mg = popMsg(m.unexpected, key{best, tag})
+			mg = popFrom(m.unexpected, key{best, tag})
 		}
 	}
 	if mg != nil {
@@ -221,9 +219,9 @@ func (m *Mesh) irecv(peer int, tag uint64, buf []byte, elem int, combine func(ds
 	}
 	r.state = statePosted
 	if peer >= 0 {
-		pushReq(m.posted, key{peer, tag}, r)
+		pushTo(m.posted, key{peer, tag}, r)
 	} else {
-		pushReq(m.anyPosted, tag, r)
+		pushTo(m.anyPosted, tag, r)
 	}
 	m.mu.Unlock()
 	return r

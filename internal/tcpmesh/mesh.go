@@ -110,9 +110,9 @@ type Mesh struct {
 	pool  *coll.Pool
 
 	mu         sync.Mutex
-	posted     map[key]reqList // lists by value: no allocation per tag
-	anyPosted  map[uint64]reqList
-	unexpected map[key]msgList
+	posted     map[key]fifo[*Req] // lists by value: no allocation per tag
+	anyPosted  map[uint64]fifo[*Req]
+	unexpected map[key]fifo[*msg]
 	arrivals   uint64 // arrival counter, orders unexpected messages for anysource
 	broken     error
 	gone       []error                   // per peer: closed in order
@@ -186,9 +186,9 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 	m := &Mesh{
 		cfg: cfg, rank: cfg.Rank, size: cfg.Size, pool: cfg.Pool,
 		peers:      make([]*peer, cfg.Size),
-		posted:     map[key]reqList{},
-		anyPosted:  map[uint64]reqList{},
-		unexpected: map[key]msgList{},
+		posted:     map[key]fifo[*Req]{},
+		anyPosted:  map[uint64]fifo[*Req]{},
+		unexpected: map[key]fifo[*msg]{},
 		probes:     map[uint64]chan uint64{},
 		gone:       make([]error, cfg.Size),
 		failed:     map[uint64]*RemoteOpError{},

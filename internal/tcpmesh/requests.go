@@ -103,9 +103,9 @@ func (r *Req) withdraw() bool {
 		return false
 	}
 	if r.peer >= 0 {
-		removeReq(m.posted, key{r.peer, r.tag}, r)
+		removeFrom(m.posted, key{r.peer, r.tag}, r)
 	} else {
-		removeReq(m.anyPosted, r.tag, r)
+		removeFrom(m.anyPosted, r.tag, r)
 	}
 	r.state = stateDone
 	return true
