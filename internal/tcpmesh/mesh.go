@@ -1,5 +1,5 @@
 // Package tcpmesh is a coll.Transport over a full mesh of TCP connections,
-// one per pair of ranks, set up through a store.
+// one per pair of ranks, set up through a key-value store (KV).
 //
 // Rendezvous: every rank listens on an ephemeral port and publishes
 // "host:port" under "tcpmesh/addr/<rank>"; rank 0 publishes a random
@@ -51,8 +51,20 @@ import (
 
 	"github.com/gocoll/gocoll/internal/coll"
 	"github.com/gocoll/gocoll/internal/shm"
-	"github.com/gocoll/gocoll/store"
 )
+
+// KV is the part of a key-value store that the rendezvous uses: rank 0
+// publishes the session id, and every rank but the last its address, with
+// Set; the others wait for them with Get. store.Store satisfies it as it
+// is. Asking for these two methods only keeps tcpmesh independent of the
+// store package, so any launcher that can publish and wait can set a mesh
+// up.
+type KV interface {
+	// Set stores value under key, waking the Gets that wait for it.
+	Set(ctx context.Context, key string, value []byte) error
+	// Get blocks until key exists (or ctx is done), then returns its value.
+	Get(ctx context.Context, key string) ([]byte, error)
+}
 
 // Config sets up a mesh.
 type Config struct {
@@ -60,7 +72,7 @@ type Config struct {
 	Rank, Size int
 	// Store is where addresses are exchanged; it should be prefixed for the
 	// group, as the dispatcher's is.
-	Store store.Store
+	Store KV
 	// Host is the address peers dial this rank at (default 127.0.0.1).
 	Host string
 	// ConnectTimeout bounds the whole setup, on both sides (default 60 s).

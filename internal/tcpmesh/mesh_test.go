@@ -14,9 +14,16 @@ import (
 	"github.com/gocoll/gocoll/store"
 )
 
+// store.Store is a tcpmesh.KV without an adapter.
+var _ tcpmesh.KV = store.Store(nil)
+
+// kvOnly hides every method of a store but the two of tcpmesh.KV, so the
+// tests prove that the rendezvous needs no more.
+type kvOnly struct{ tcpmesh.KV }
+
 func connect(t *testing.T, n int, transport string) []*tcpmesh.Mesh {
 	t.Helper()
-	st := store.NewHashStore()
+	st := kvOnly{store.NewHashStore()}
 	ms := make([]*tcpmesh.Mesh, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
