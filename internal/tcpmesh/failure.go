@@ -104,9 +104,9 @@ func (m *Mesh) tagFailed(e *RemoteOpError) {
 	}
 	for peer := range m.size {
 		k := key{peer, e.Tag}
-		for r := popFrom(m.posted, k); r != nil; r = popFrom(m.posted, k) {
-			r.state = stateClaimed
-			victims = append(victims, r)
+		if l, ok := m.posted[k]; ok {
+			victims = claim(victims, &l)
+			delete(m.posted, k)
 		}
 		for l := m.unexpected[k]; l.head != nil && l.head.ready; l = m.unexpected[k] {
 			mg := popFrom(m.unexpected, k)
@@ -115,14 +115,25 @@ func (m *Mesh) tagFailed(e *RemoteOpError) {
 			m.msgPool.Put(mg)
 		}
 	}
-	for r := popFrom(m.anyPosted, e.Tag); r != nil; r = popFrom(m.anyPosted, e.Tag) {
-		r.state = stateClaimed
-		victims = append(victims, r)
+	if l, ok := m.anyPosted[e.Tag]; ok {
+		victims = claim(victims, &l)
+		delete(m.anyPosted, e.Tag)
 	}
 	m.mu.Unlock()
 	for _, r := range victims {
 		r.complete(e)
 	}
+}
+
+// claim empties l of its posted receives, marking each claimed (so that
+// neither a message nor a withdraw takes it meanwhile), and appends them to
+// victims, which the caller fails once m.mu is released.
+func claim(victims []*Req, l *fifo[*Req]) []*Req {
+	for r := l.pop(); r != nil; r = l.pop() {
+		r.state = stateClaimed
+		victims = append(victims, r)
+	}
+	return victims
 }
 
 // peerGone records an orderly close of peer and fails the receives posted
@@ -136,10 +147,7 @@ func (m *Mesh) peerGone(peer int) {
 		if k.peer != peer {
 			continue
 		}
-		for r := l.pop(); r != nil; r = l.pop() {
-			r.state = stateClaimed
-			victims = append(victims, r)
-		}
+		victims = claim(victims, &l)
 		delete(m.posted, k)
 	}
 	m.mu.Unlock()
@@ -158,17 +166,11 @@ func (m *Mesh) fail(err error) {
 	err = m.broken
 	var victims []*Req
 	for _, l := range m.posted {
-		for r := l.pop(); r != nil; r = l.pop() {
-			r.state = stateClaimed
-			victims = append(victims, r)
-		}
+		victims = claim(victims, &l)
 	}
 	clear(m.posted)
 	for _, l := range m.anyPosted {
-		for r := l.pop(); r != nil; r = l.pop() {
-			r.state = stateClaimed
-			victims = append(victims, r)
-		}
+		victims = claim(victims, &l)
 	}
 	clear(m.anyPosted)
 	m.mu.Unlock()

@@ -46,11 +46,7 @@ func (m *Mesh) write(ctx context.Context, to int, kind byte, tag uint64, buf []b
 		_ = p.conn.SetWriteDeadline(time.Time{})
 		p.dl = false
 	}
-	h := p.hdr[:]
-	h[0] = kind
-	binary.LittleEndian.PutUint32(h[4:], uint32(m.rank))
-	binary.LittleEndian.PutUint64(h[8:], tag)
-	binary.LittleEndian.PutUint64(h[16:], uint64(len(buf)))
+	h := m.header(p, kind, tag, len(buf))
 	var err error
 	if len(buf) <= smallWrite {
 		n := copy(p.wbuf, h)
@@ -103,6 +99,17 @@ func (m *Mesh) readLoop(p *peer) {
 			return
 		}
 	}
+}
+
+// header fills p's header buffer (its writer's: p.wmu is held) for a frame
+// of kind and tag with an n-byte payload: kind, source rank, tag, length.
+func (m *Mesh) header(p *peer, kind byte, tag uint64, n int) []byte {
+	h := p.hdr[:]
+	h[0] = kind
+	binary.LittleEndian.PutUint32(h[4:], uint32(m.rank))
+	binary.LittleEndian.PutUint64(h[8:], tag)
+	binary.LittleEndian.PutUint64(h[16:], uint64(n))
+	return h
 }
 
 // readFrame reads and handles one frame from p.r.

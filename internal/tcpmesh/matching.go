@@ -143,11 +143,7 @@ func (m *Mesh) Irecv(peer int, tag uint64, buf []byte) coll.Request {
 // into buf as it is read (from shared memory without a receive copy).
 func (m *Mesh) IrecvReduce(peer int, tag uint64, buf []byte, elem int, combine func(dst, src []byte)) coll.Request {
 	if elem < 1 || len(buf)%elem != 0 {
-		r := m.reqPool.Get().(*Req)
-		r.peer, r.tag, r.buf, r.src, r.err, r.next = peer, tag, buf, peer, nil, nil
-		r.state = stateClaimed
-		r.complete(fmt.Errorf("tcpmesh: reduce-receive of %d bytes in elements of %d", len(buf), elem))
-		return r
+		return m.newReq(peer, tag, buf).failNow(fmt.Errorf("tcpmesh: reduce-receive of %d bytes in elements of %d", len(buf), elem))
 	}
 	return m.irecv(peer, tag, buf, elem, combine)
 }
@@ -158,31 +154,31 @@ func (m *Mesh) IrecvAny(tag uint64, buf []byte) *Req {
 	return m.irecv(-1, tag, buf, 0, nil)
 }
 
-func (m *Mesh) irecv(peer int, tag uint64, buf []byte, elem int, combine func(dst, src []byte)) *Req {
-	r := m.reqPool.Get().(*Req)
-	r.peer, r.tag, r.buf, r.src, r.err, r.next = peer, tag, buf, peer, nil, nil
-	r.elem, r.combine = elem, combine
-	m.mu.Lock()
+// refuseLocked is why a receive from peer under tag cannot be posted at
+// all, or nil: an invalid rank, a broken mesh, or an op that a rank gave
+// up (FailTag). m.mu is held.
+func (m *Mesh) refuseLocked(peer int, tag uint64) error {
 	if peer == m.rank || peer >= m.size || peer < -1 {
-		m.mu.Unlock()
-		r.state = stateClaimed
-		r.complete(fmt.Errorf("tcpmesh: receive from invalid rank %d", peer))
-		return r
+		return fmt.Errorf("tcpmesh: receive from invalid rank %d", peer)
 	}
 	if m.broken != nil {
-		err := m.broken
-		m.mu.Unlock()
-		r.state = stateClaimed
-		r.complete(err)
-		return r
+		return m.broken
 	}
 	if len(m.failed) > 0 {
 		if e := m.failed[tag]; e != nil {
-			m.mu.Unlock()
-			r.state = stateClaimed
-			r.complete(e)
-			return r
+			return e
 		}
+	}
+	return nil
+}
+
+func (m *Mesh) irecv(peer int, tag uint64, buf []byte, elem int, combine func(dst, src []byte)) *Req {
+	r := m.newReq(peer, tag, buf)
+	r.elem, r.combine = elem, combine
+	m.mu.Lock()
+	if err := m.refuseLocked(peer, tag); err != nil {
+		m.mu.Unlock()
+		return r.failNow(err)
 	}
 	var mg *msg
 	if peer >= 0 {
@@ -213,9 +209,7 @@ func (m *Mesh) irecv(peer int, tag uint64, buf []byte, elem int, combine func(ds
 	if peer >= 0 && m.gone[peer] != nil {
 		err := m.gone[peer]
 		m.mu.Unlock()
-		r.state = stateClaimed
-		r.complete(err)
-		return r
+		return r.failNow(err)
 	}
 	r.state = statePosted
 	if peer >= 0 {

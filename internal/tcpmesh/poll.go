@@ -40,26 +40,23 @@ func (m *Mesh) EndOp(op *OpPoll) {
 	}
 }
 
-func (op *OpPoll) acquire() {
-	op.held = true
-	for _, p := range op.m.peers {
-		if p != nil && p.pair != nil {
-			p.mapMu.RLock()
-			if !p.unmapped {
-				p.pair.In.BeginPoll()
-			}
-			p.mapMu.RUnlock()
-		}
-	}
-}
+func (op *OpPoll) acquire() { op.hold(true) }
 
-func (op *OpPoll) release() {
-	op.held = false
+func (op *OpPoll) release() { op.hold(false) }
+
+// hold makes (held) or withdraws the announcement on every ring this rank
+// reads from that is still mapped.
+func (op *OpPoll) hold(held bool) {
+	op.held = held
 	for _, p := range op.m.peers {
 		if p != nil && p.pair != nil {
 			p.mapMu.RLock()
 			if !p.unmapped {
-				p.pair.In.EndPoll()
+				if held {
+					p.pair.In.BeginPoll()
+				} else {
+					p.pair.In.EndPoll()
+				}
 			}
 			p.mapMu.RUnlock()
 		}

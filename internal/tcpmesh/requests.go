@@ -29,6 +29,20 @@ type Req struct {
 	elem    int
 }
 
+// newReq takes a receive from the pool, set up for buf from peer under tag.
+func (m *Mesh) newReq(peer int, tag uint64, buf []byte) *Req {
+	r := m.reqPool.Get().(*Req)
+	r.peer, r.tag, r.buf, r.src, r.err, r.next = peer, tag, buf, peer, nil, nil
+	return r
+}
+
+// failNow completes a receive that was never posted with err.
+func (r *Req) failNow(err error) *Req {
+	r.state = stateClaimed
+	r.complete(err)
+	return r
+}
+
 func (r *Req) complete(err error) {
 	r.err = err
 	r.done <- struct{}{}
@@ -50,32 +64,44 @@ func (r *Req) Wait(ctx context.Context) error {
 	if op := relaxOp(ctx); op != nil {
 		defer op.acquire()
 	}
+	if err := r.await(ctx); err != nil {
+		return err
+	}
+	return r.release()
+}
+
+// await blocks until r completes or ctx is done. In the latter case a
+// receive still posted is withdrawn and recycled, and await returns the
+// ctx error; one that a message matched already is waited for, since the
+// reader is filling its buffer.
+func (r *Req) await(ctx context.Context) error {
 	select {
 	case <-r.done:
 	case <-ctx.Done():
 		if r.withdraw() {
+			// The error is made before the Req goes back to the pool,
+			// where another receive may take it at once.
+			var err error
+			if r.peer < 0 {
+				err = fmt.Errorf("tcpmesh: receive from any rank, tag %d: %w", r.tag, ctx.Err())
+			} else {
+				err = fmt.Errorf("tcpmesh: receive from rank %d, tag %d: %w", r.peer, r.tag, ctx.Err())
+			}
 			r.m.reqPool.Put(r.reset())
-			return fmt.Errorf("tcpmesh: receive from rank %d, tag %d: %w", r.peer, r.tag, ctx.Err())
+			return err
 		}
-		<-r.done // matched already: the reader is filling the buffer
+		<-r.done
 	}
-	return r.release()
+	return nil
 }
 
 // WaitSource is Wait for a receive from any rank: it also returns the
 // source.
 func (r *Req) WaitSource(ctx context.Context) (int, error) {
-	src := -1
-	select {
-	case <-r.done:
-	case <-ctx.Done():
-		if r.withdraw() {
-			r.m.reqPool.Put(r.reset())
-			return -1, fmt.Errorf("tcpmesh: receive from any rank, tag %d: %w", r.tag, ctx.Err())
-		}
-		<-r.done
+	if err := r.await(ctx); err != nil {
+		return -1, err
 	}
-	src = r.src
+	src := r.src
 	return src, r.release()
 }
 

@@ -47,6 +47,14 @@ func (m *Mesh) offerShm(ctx context.Context, p *peer, id string) (err error) {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("tcpmesh: rank %d, shared memory with rank %d: "+format, append([]any{m.rank, p.rank}, args...)...)
 	}
+	// decline gives shared memory with this peer up: the pair stays on
+	// TCP, unless the config demands shared memory, where it fails.
+	decline := func(format string, args ...any) error {
+		if m.cfg.Transport == TransportShm {
+			return fail(format, args...)
+		}
+		return nil
+	}
 	if err := writeStr(c, id); err != nil {
 		return fail("%w", err)
 	}
@@ -55,10 +63,7 @@ func (m *Mesh) offerShm(ctx context.Context, p *peer, id string) (err error) {
 		return fail("%w", err)
 	}
 	if id == "" || theirs == "" || id != theirs {
-		if m.cfg.Transport == TransportShm {
-			return fail("not on the same host (%q, %q)", id, theirs)
-		}
-		return nil
+		return decline("not on the same host (%q, %q)", id, theirs)
 	}
 	if m.rank < p.rank {
 		pair, path, cerr := shm.Create(fmt.Sprintf("gocoll-%d-%d-%d-", os.Getpid(), m.rank, p.rank), m.cfg.ShmRingBytes)
@@ -73,10 +78,7 @@ func (m *Mesh) offerShm(ctx context.Context, p *peer, id string) (err error) {
 			return fail("%w", err)
 		}
 		if cerr != nil {
-			if m.cfg.Transport == TransportShm {
-				return fail("%w", cerr)
-			}
-			return nil
+			return decline("%w", cerr)
 		}
 		var ack [1]byte
 		_, rerr := io.ReadFull(c, ack[:])
@@ -86,10 +88,7 @@ func (m *Mesh) offerShm(ctx context.Context, p *peer, id string) (err error) {
 			if rerr != nil {
 				return fail("%w", rerr)
 			}
-			if m.cfg.Transport == TransportShm {
-				return fail("rank %d could not map the pair file", p.rank)
-			}
-			return nil
+			return decline("rank %d could not map the pair file", p.rank)
 		}
 		p.pair = pair
 	} else {
@@ -98,10 +97,7 @@ func (m *Mesh) offerShm(ctx context.Context, p *peer, id string) (err error) {
 			return fail("%w", err)
 		}
 		if path == "" {
-			if m.cfg.Transport == TransportShm {
-				return fail("rank %d could not create the pair file", p.rank)
-			}
-			return nil
+			return decline("rank %d could not create the pair file", p.rank)
 		}
 		pair, oerr := shm.Open(path)
 		ack := []byte{1}
@@ -115,10 +111,7 @@ func (m *Mesh) offerShm(ctx context.Context, p *peer, id string) (err error) {
 			return fail("%w", err)
 		}
 		if oerr != nil {
-			if m.cfg.Transport == TransportShm {
-				return fail("%w", oerr)
-			}
-			return nil
+			return decline("%w", oerr)
 		}
 		p.pair = pair
 	}
@@ -151,11 +144,7 @@ func (m *Mesh) writeShm(ctx context.Context, p *peer, kind byte, tag uint64, buf
 	if p.unmapped {
 		return m.errOr(ErrClosed)
 	}
-	h := p.hdr[:]
-	h[0] = kind
-	binary.LittleEndian.PutUint32(h[4:], uint32(m.rank))
-	binary.LittleEndian.PutUint64(h[8:], tag)
-	binary.LittleEndian.PutUint64(h[16:], uint64(len(buf)))
+	h := m.header(p, kind, tag, len(buf))
 	pad := framePad(len(buf))
 	if !p.pair.Out.Fits(hdrLen + len(buf) + pad) {
 		// The write will wait for the peer to make room: let this rank's
