@@ -4,10 +4,11 @@ import (
 	"context"
 )
 
-// Alltoall sends in[i] to rank i and receives rank i's message into out[i]
-// by pairwise exchange: at step s rank r sends to r+s and receives from
-// r-s. Sizes may differ per pair; both sides pass matching sizes.
-func Alltoall(ctx context.Context, c *Comm, tag uint64, out, in [][]byte) error {
+// alltoallPairwise is Alltoall by pairwise exchange: every receive is
+// posted first, then at step s rank r sends to r+s (the peer that receives
+// from r-s at that step), so n-1 sends proceed without waiting on each
+// other.
+func alltoallPairwise(ctx context.Context, c *Comm, tag uint64, out, in [][]byte) error {
 	t := c.T
 	n, r := t.Size(), t.Rank()
 	copy(out[r], in[r])

@@ -4,9 +4,11 @@ import (
 	"context"
 )
 
-// Barrier returns once every rank has entered it: a dissemination barrier
-// of empty messages, ceil(log2 n) rounds.
-func Barrier(ctx context.Context, c *Comm, tag uint64) error {
+// barrierDissemination is Barrier as a dissemination barrier: in round k
+// rank r sends an empty message to r+2^k and waits for one from r-2^k;
+// after ceil(log2 n) rounds every rank has heard, directly or not, from
+// every other.
+func barrierDissemination(ctx context.Context, c *Comm, tag uint64) error {
 	t := c.T
 	n, r := t.Size(), t.Rank()
 	for k := 1; k < n; k <<= 1 {

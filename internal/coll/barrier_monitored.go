@@ -44,18 +44,12 @@ func (e *ArbiterError) Error() string {
 
 func (e *ArbiterError) Unwrap() error { return e.Err }
 
-// MonitoredBarrier is Gloo's monitored barrier: every other rank reports to
-// rank 0, which waits at most timeout for them and then answers each one
-// with the verdict, so that all ranks pass or all fail. On rank 0 a failure
-// is a *LateRanksError naming the first late rank, or every late rank with
-// waitAll. Other ranks wait for the verdict until ctx is done and fail with
-// an *ArbiterError.
-func MonitoredBarrier(ctx context.Context, c *Comm, tag uint64, timeout time.Duration, waitAll bool) error {
+// barrierArbiter is MonitoredBarrier with rank 0 as the arbiter: every
+// other rank reports to it and waits for its verdict; rank 0 waits at most
+// timeout for the reports, then sends each rank the verdict, best effort.
+func barrierArbiter(ctx context.Context, c *Comm, tag uint64, timeout time.Duration, waitAll bool) error {
 	t := c.T
 	n, r := t.Size(), t.Rank()
-	if n == 1 {
-		return nil
-	}
 	if r != 0 {
 		var verdict [1]byte
 		q := t.Irecv(0, tag, verdict[:])

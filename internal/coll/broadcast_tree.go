@@ -4,15 +4,13 @@ import (
 	"context"
 )
 
-// Broadcast copies root's buf to every rank's buf along a binomial tree,
-// segment by segment, so that inner ranks forward a segment while the next
-// one arrives.
-func Broadcast(ctx context.Context, c *Comm, tag uint64, buf []byte, root int) error {
+// broadcastTree is Broadcast along a binomial tree rooted at root (ranks
+// renumbered relative to it, see lowbit): each rank receives from its
+// parent and forwards to its children segment by segment, so that an inner
+// rank forwards a segment while the next one arrives.
+func broadcastTree(ctx context.Context, c *Comm, tag uint64, buf []byte, root int) error {
 	t := c.T
 	n, r := t.Size(), t.Rank()
-	if n == 1 || len(buf) == 0 {
-		return nil
-	}
 	vr := mod(r-root, n)
 	lb := lowbit(vr, n)
 	seg := c.seg(1)

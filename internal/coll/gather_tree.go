@@ -4,18 +4,14 @@ import (
 	"context"
 )
 
-// Gather collects every rank's in (all of one size) into out on root: out
-// has Size blocks of len(in) bytes, in rank order, and is only used on
-// root. Inner ranks of the binomial tree forward their subtree's blocks in
-// one message.
-func Gather(ctx context.Context, c *Comm, tag uint64, in []byte, out []byte, root int) error {
+// gatherTree is Gather along a binomial tree rooted at root: a rank
+// collects its subtree's blocks, relative rank order, into one buffer and
+// sends it to its parent in one message; root rotates the result into
+// absolute rank order.
+func gatherTree(ctx context.Context, c *Comm, tag uint64, in []byte, out []byte, root int) error {
 	t := c.T
 	n, r := t.Size(), t.Rank()
 	B := len(in)
-	if n == 1 {
-		copy(out, in)
-		return nil
-	}
 	vr := mod(r-root, n)
 	sub := min(lowbit(vr, n), n-vr)
 	tmp := out

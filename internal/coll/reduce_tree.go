@@ -6,15 +6,13 @@ import (
 	"github.com/gocoll/gocoll/internal/reduce"
 )
 
-// Reduce combines every rank's buf into root's buf along a binomial tree,
-// segment by segment. Other ranks' buffers are clobbered (their partial
-// results). It does not apply k.Pre or k.Post.
-func Reduce(ctx context.Context, c *Comm, tag uint64, buf []byte, k reduce.Kernel, root int) error {
+// reduceTree is Reduce along a binomial tree rooted at root: each rank
+// combines its children's segments into its buf (through a window of
+// scratch slots) and sends each finished segment to its parent, so that
+// receiving, combining and sending overlap.
+func reduceTree(ctx context.Context, c *Comm, tag uint64, buf []byte, k reduce.Kernel, root int) error {
 	t := c.T
 	n, r := t.Size(), t.Rank()
-	if n == 1 || len(buf) == 0 {
-		return nil
-	}
 	vr := mod(r-root, n)
 	var children []int
 	parent := -1

@@ -6,25 +6,30 @@ import (
 	"github.com/gocoll/gocoll/internal/reduce"
 )
 
-// ReduceScatter reduces, in place, the blocks of a buffer that every rank
-// holds in full, leaving the fully reduced blocks[r] on rank r. blocks may
-// have different sizes (uneven reduce-scatter); every rank passes the same
-// sizes. It does not apply k.Pre or k.Post.
-func ReduceScatter(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, k reduce.Kernel) error {
-	if c.T.Size() == 1 {
-		return nil
+// allreduceRing is allreduce as the two ring phases over n even blocks:
+// reduce-scatter (with the size check), then all-gather of the reduced
+// blocks. direct is Choice.ReduceOnReceive.
+func allreduceRing(ctx context.Context, c *Comm, tag uint64, buf []byte, k reduce.Kernel, direct bool) error {
+	blocks := SplitEven(buf, c.T.Size(), k.ElemSize)
+	if err := ring(ctx, c, tag, blocks, ringPhase{a: -1, k: &k, check: true, direct: direct}); err != nil {
+		return err
 	}
-	return ring(ctx, c, tag, blocks, -1, &k, true)
+	return ring(ctx, c, tag, blocks, ringPhase{a: 0})
 }
 
-// Allgather fills every blocks[i] from rank i, given that each rank has
-// filled its own blocks[r]. Blocks may differ in size; every rank passes
-// the same sizes.
-func Allgather(ctx context.Context, c *Comm, tag uint64, blocks [][]byte) error {
-	if c.T.Size() == 1 {
-		return nil
-	}
-	return ring(ctx, c, tag, blocks, 0, nil, true)
+// ringPhase is what one pass of ring does.
+type ringPhase struct {
+	// a offsets the blocks: -1 for reduce-scatter (block r ends complete
+	// on rank r), 0 for all-gather.
+	a int
+	// k, when set, combines what arrives into the block (reduce-scatter);
+	// nil receives straight into it (all-gather).
+	k *reduce.Kernel
+	// check exchanges total sizes first (sizeCheck).
+	check bool
+	// direct reduces on receive through the transport's ReduceReceiver
+	// (Choice.ReduceOnReceive); only with k.
+	direct bool
 }
 
 type ringItem struct {
@@ -34,16 +39,18 @@ type ringItem struct {
 
 // ring runs n-1 steps around the ring: at step s rank r sends block
 // (r-s+a) to its right and receives block (r-s-1+a) from its left. With a
-// kernel it receives into scratch slots and combines into the block (the
-// reduce-scatter phase, a = -1, leaving block r complete on rank r);
-// without, it receives straight into the block (the all-gather phase,
-// a = 0). Blocks are cut into segments; the send of a segment at step s+1
-// follows as soon as that segment has been received at step s, so sending,
-// receiving and reducing overlap.
+// kernel it receives into scratch slots and combines into the block, or
+// with direct has the transport combine as it reads (the reduce-scatter
+// phase, a = -1, leaving block r complete on rank r); without, it
+// receives straight into the block (the all-gather phase, a = 0). Blocks
+// are cut into segments; the send of a segment at step s+1 follows as soon
+// as that segment has been received at step s, so sending, receiving and
+// reducing overlap.
 //
 // With check, the ring first exchanges total sizes (sizeCheck) and fails
 // with a *SizeError before it uses any received data if they differ.
-func ring(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, a int, k *reduce.Kernel, check bool) error {
+func ring(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, ph ringPhase) error {
+	a, k := ph.a, ph.k
 	t := c.T
 	n, r := t.Size(), t.Rank()
 	right, left := mod(r+1, n), mod(r-1, n)
@@ -71,14 +78,17 @@ func ring(ctx context.Context, c *Comm, tag uint64, blocks [][]byte, a int, k *r
 	}
 	w := c.window()
 	var slots []byte
-	rr, direct := t.(ReduceReceiver)
-	direct = direct && k != nil
+	var rr ReduceReceiver
+	direct := ph.direct && k != nil
+	if direct {
+		rr = t.(ReduceReceiver)
+	}
 	if k != nil && !direct {
 		slots = c.get(w * seg)
 		defer c.put(slots)
 	}
 	var sc sizeCheck
-	if check {
+	if ph.check {
 		// Posted before the data receives: messages from one peer under
 		// one tag match in posting order, so the size comes first.
 		if err := sc.start(ctx, t, tag, total(blocks)); err != nil {

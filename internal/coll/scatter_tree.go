@@ -4,16 +4,13 @@ import (
 	"context"
 )
 
-// Scatter sends block i of root's in (Size blocks of len(out) bytes, rank
-// order) to rank i's out, along a binomial tree.
-func Scatter(ctx context.Context, c *Comm, tag uint64, in []byte, out []byte, root int) error {
+// scatterTree is Scatter along a binomial tree rooted at root, the
+// reverse of gatherTree: a rank receives its subtree's blocks in one
+// message from its parent and forwards each child's share.
+func scatterTree(ctx context.Context, c *Comm, tag uint64, in []byte, out []byte, root int) error {
 	t := c.T
 	n, r := t.Size(), t.Rank()
 	B := len(out)
-	if n == 1 {
-		copy(out, in)
-		return nil
-	}
 	vr := mod(r-root, n)
 	lb := lowbit(vr, n)
 	sub := min(lb, n-vr)

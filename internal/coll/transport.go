@@ -11,6 +11,14 @@
 //   - barrier: dissemination;
 //   - monitored barrier: rank 0 as the arbiter.
 //
+// Select (select.go) is the one place that picks an op's algorithm, from
+// the op, its size, the world size and what the transport can do; the
+// collectives in collectives.go ask it and run the algorithm it names.
+// Each algorithm has a file of its own, as in Gloo: ring.go,
+// recursive_doubling.go, broadcast_tree.go, reduce_tree.go,
+// gather_tree.go, scatter_tree.go (with tree.go), alltoall_pairwise.go,
+// barrier_dissemination.go and barrier_monitored.go.
+//
 // Every algorithm takes the op's tag. Messages between two ranks with one
 // tag match in the order they were sent, so an algorithm may send several
 // messages to one peer under one tag as long as the peer posts its receives
