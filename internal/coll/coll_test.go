@@ -15,35 +15,16 @@ import (
 	"github.com/gocoll/gocoll/internal/coll"
 	"github.com/gocoll/gocoll/internal/reduce"
 	"github.com/gocoll/gocoll/internal/tcpmesh"
-	"github.com/gocoll/gocoll/store"
+	"github.com/gocoll/gocoll/internal/tcpmesh/meshtest"
 	"github.com/gocoll/gocoll/tensor"
 )
 
-// meshes connects n ranks, goroutines of this process, over real TCP.
+// meshes connects n ranks, goroutines of this process, over real TCP (and
+// shared memory; GOCOLL_TEST_TRANSPORT=tcp runs the algorithms over TCP
+// only).
 func meshes(t *testing.T, n int) []*tcpmesh.Mesh {
 	t.Helper()
-	st := store.NewHashStore()
-	out := make([]*tcpmesh.Mesh, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Go(func() {
-			// GOCOLL_TEST_TRANSPORT=tcp runs the algorithms over TCP only.
-			out[r], errs[r] = tcpmesh.Connect(context.Background(), tcpmesh.Config{Rank: r, Size: n, Store: st, ConnectTimeout: 10 * time.Second, Transport: os.Getenv("GOCOLL_TEST_TRANSPORT")})
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		for _, m := range out {
-			_ = m.Close()
-		}
-	})
-	return out
+	return meshtest.Connect(t, n, tcpmesh.Config{Transport: os.Getenv("GOCOLL_TEST_TRANSPORT")})
 }
 
 // onAll runs f on every rank and fails the test on any error.

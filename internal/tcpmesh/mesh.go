@@ -36,6 +36,12 @@
 // complete, and failing fast beats waiting for the timeout. A peer that
 // closes in order says goodbye first; then only receives from that peer
 // fail (it may close while slower ranks still finish with the others).
+//
+// The source follows these concerns: mesh.go (config, set-up, close),
+// rendezvous.go, shm.go (the shared-memory hand-off and ring readers),
+// poll.go (receives that poll a ring themselves), framing.go (the wire),
+// matching.go (messages to receives), requests.go (Req), failure.go
+// (errors and how failures spread) and list.go (the queues of matching).
 package tcpmesh
 
 import (

@@ -11,37 +11,16 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/internal/tcpmesh"
+	"github.com/gocoll/gocoll/internal/tcpmesh/meshtest"
 	"github.com/gocoll/gocoll/store"
 )
 
 // store.Store is a tcpmesh.KV without an adapter.
 var _ tcpmesh.KV = store.Store(nil)
 
-// kvOnly hides every method of a store but the two of tcpmesh.KV, so the
-// tests prove that the rendezvous needs no more.
-type kvOnly struct{ tcpmesh.KV }
-
 func connect(t *testing.T, n int, transport string) []*tcpmesh.Mesh {
 	t.Helper()
-	st := kvOnly{store.NewHashStore()}
-	ms := make([]*tcpmesh.Mesh, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Go(func() {
-			ms[r], errs[r] = tcpmesh.Connect(context.Background(), tcpmesh.Config{Rank: r, Size: n, Store: st, ConnectTimeout: 10 * time.Second, Transport: transport, ShmRingBytes: 1 << 16})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, m := range ms {
-			_ = m.Close()
-		}
-	})
-	return ms
+	return meshtest.Connect(t, n, tcpmesh.Config{Transport: transport, ShmRingBytes: 1 << 16})
 }
 
 // TestTransports: messages larger than the ring, in both directions, on
