@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -92,4 +93,81 @@ func (e *OpError) Unwrap() []error {
 // Errorf returns an *OpError of kind for op, with a formatted detail.
 func Errorf(kind error, op string, format string, args ...any) *OpError {
 	return &OpError{Op: op, Kind: kind, Detail: fmt.Sprintf(format, args...)}
+}
+
+// WaitError is the error of a host wait for an op (WaitHost, a blocking
+// Wait) that the caller's context ended: the op itself did not fail, and
+// may still complete. The message says which deadline fired, e.g.
+//
+//	wait for nccl allreduce seq 4 on rank 0: caller's context deadline exceeded after 300ms (op timeout 30s not reached)
+//
+// It wraps ErrTimeout, as a wait past its deadline always has, and the
+// context's error.
+type WaitError struct {
+	Op      string        // op name; "" when the waiter does not know it
+	Seq     uint64        // 0 if not assigned
+	Rank    int           // the waiting rank; negative when not known
+	Backend string        // "" when not known
+	Waited  time.Duration // how long the caller waited
+	Timeout time.Duration // the op's own timeout; 0 when not known
+	Elapsed time.Duration // the op's age when the wait ended; 0 when not known
+	Err     error         // the context's error
+}
+
+// Error implements error.
+func (e *WaitError) Error() string {
+	var b strings.Builder
+	b.WriteString("wait for ")
+	if e.Backend != "" {
+		b.WriteString(e.Backend)
+		b.WriteByte(' ')
+	}
+	if e.Op != "" {
+		b.WriteString(e.Op)
+	} else {
+		b.WriteString("op")
+	}
+	if e.Seq != 0 {
+		fmt.Fprintf(&b, " seq %d", e.Seq)
+	}
+	if e.Rank >= 0 {
+		fmt.Fprintf(&b, " on rank %d", e.Rank)
+	}
+	b.WriteString(": caller's ")
+	switch {
+	case errors.Is(e.Err, context.DeadlineExceeded):
+		b.WriteString("context deadline exceeded")
+	case errors.Is(e.Err, context.Canceled):
+		b.WriteString("context canceled")
+	case e.Err != nil:
+		b.WriteString("context ended: " + e.Err.Error())
+	default:
+		b.WriteString("context ended")
+	}
+	fmt.Fprintf(&b, " after %v", roundWait(e.Waited))
+	if e.Timeout > 0 {
+		if e.Elapsed >= e.Timeout {
+			fmt.Fprintf(&b, " (op timeout %v passed too, not yet reported)", e.Timeout)
+		} else {
+			fmt.Fprintf(&b, " (op timeout %v not reached)", e.Timeout)
+		}
+	}
+	return b.String()
+}
+
+// Unwrap returns ErrTimeout and the context's error.
+func (e *WaitError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrTimeout}
+	}
+	return []error{ErrTimeout, e.Err}
+}
+
+// roundWait rounds a wait for reading: to the millisecond, or to the
+// microsecond below one.
+func roundWait(d time.Duration) time.Duration {
+	if d >= time.Millisecond {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(time.Microsecond)
 }

@@ -192,13 +192,20 @@ func (w *HostWork) Wait(ctx context.Context) error {
 // BlockStream implements Work: with no stream to order, it blocks the host.
 func (w *HostWork) BlockStream(Stream) error { return w.Wait(context.Background()) }
 
-// WaitHost implements Work.
+// WaitHost implements Work. When ctx ends first, the error is a
+// *WaitError: the caller's deadline fired, not the op's.
 func (w *HostWork) WaitHost(ctx context.Context) error {
 	select {
 	case <-w.fut.done:
 		return w.fut.err
+	default:
+	}
+	start := time.Now()
+	select {
+	case <-w.fut.done:
+		return w.fut.err
 	case <-ctx.Done():
-		return fmt.Errorf("%w: waiting for seq %d: %w", ErrTimeout, w.seq, ctx.Err())
+		return &WaitError{Seq: w.seq, Rank: -1, Waited: time.Since(start), Err: ctx.Err()}
 	}
 }
 
@@ -243,6 +250,18 @@ func (w *HostWork) Abort(reason error) {
 		w.onAbort(err)
 	}
 	w.Complete(nil, err)
+}
+
+// CaptureReporter is implemented by the Work of a backend whose ops can be
+// captured into a CUDA graph. A captured op did not run: it runs at each
+// replay of the graph, ordered by the stream the graph is launched on, so
+// it is neither pending nor failed, and its events may not be queried. The
+// flight recorder and the watchdogs leave such a Work alone, as
+// ProcessGroupNCCL does; its host waits return at once and its Exception is
+// nil.
+type CaptureReporter interface {
+	// Captured reports whether the op was captured rather than run.
+	Captured() bool
 }
 
 // SourceRanker is implemented by the Work of RecvAnysource: it names the

@@ -30,7 +30,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"runtime"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -39,6 +38,7 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/internal/watch"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -82,9 +82,10 @@ type Backend struct {
 	p2pMu    sync.Mutex
 	counter  int // communicators created through the store, for the store key
 
-	mu      sync.Mutex // guards pending, unstash, coal
-	pending []*Work
+	mu      sync.Mutex             // guards wd, unstash, coal
+	wd      *watch.Watchdog[*Work] // the pending works and the failure policy's decisions
 	unstash []cuda.Retainer
+	edge    edge // clock, sleep and exit of the watchdog's driver
 
 	coalescing atomic.Bool
 	coal       coalBlock
@@ -95,10 +96,7 @@ type Backend struct {
 	wdDone   chan struct{}
 	stopOnce sync.Once
 
-	heartbeat  atomic.Uint64 // watchdog rounds (backend.Heartbeater)
-	dumped     atomic.Bool   // DumpAll was called for a failure
-	published  atomic.Bool   // this rank wrote the remote-error key
-	remoteSeen string        // the last remote-error value acted on; watchdog only
+	heartbeat atomic.Uint64 // watchdog rounds (backend.Heartbeater)
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -139,7 +137,8 @@ func New(ctx context.Context, cfg backend.Config) (*Backend, error) {
 		cfg.Timeout = DefaultTimeout
 	}
 	b := &Backend{cfg: cfg, opts: opts, rank: cfg.Rank, size: cfg.WorldSize,
-		p2p: map[[2]int]*comm{}, stop: make(chan struct{}), wdDone: make(chan struct{})}
+		p2p: map[[2]int]*comm{}, stop: make(chan struct{}), wdDone: make(chan struct{}),
+		wd: newWatchdog(cfg, opts), edge: realEdge}
 	go b.watchdog()
 	if cfg.Device != nil {
 		if cfg.Device.Type != tensor.CUDA {
@@ -579,7 +578,7 @@ func (b *Backend) comms() []*comm {
 func (b *Backend) enqueue(w *Work) {
 	b.mu.Lock()
 	if w != nil {
-		b.pending = append(b.pending, w)
+		b.wd.Enqueue(w, w.c.key, w.enq, w.timeout)
 	}
 	var rel []cuda.Retainer
 	if len(b.unstash) > 0 {
@@ -600,8 +599,10 @@ func (b *Backend) Abort(ctx context.Context, reason error) error {
 	if reason == nil {
 		reason = errors.New("aborted")
 	}
-	b.abortErr.CompareAndSwap(nil, &reason)
-	b.abortAll(ctx, reason)
+	b.mu.Lock()
+	acts := b.wd.Abort()
+	b.mu.Unlock()
+	b.perform(ctx, acts, reason)
 	b.stopWatchdog()
 	return nil
 }
@@ -615,11 +616,8 @@ func (b *Backend) Close(ctx context.Context) error {
 	}
 	var err error
 	for {
-		b.mu.Lock()
-		pend := slices.Clone(b.pending)
-		b.mu.Unlock()
 		busy := false
-		for _, w := range pend {
+		for _, w := range b.pendingWorks() {
 			if !w.IsCompleted() {
 				busy = true
 			}

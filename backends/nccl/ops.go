@@ -255,7 +255,7 @@ func (b *Backend) issue(ctx context.Context, m backend.Meta, c *comm, async bool
 	if r&C.GN_CAPTURING != 0 {
 		// Captured into a graph: nothing ran, so the watchdog must not
 		// watch it (ProcessGroupNCCL skips workEnqueue the same way).
-		b.enqueue(nil)
+		b.enqueueCaptured(w)
 		return w, nil
 	}
 	b.enqueue(w)
@@ -389,7 +389,7 @@ func (b *Backend) issueGroup(ctx context.Context, m backend.Meta, c *comm, async
 	}
 	if w.stream == nil { // captured
 		w.stream = nstream
-		b.enqueue(nil)
+		b.enqueueCaptured(w)
 		return w, nil
 	}
 	b.enqueue(w)

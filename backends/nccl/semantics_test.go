@@ -417,7 +417,7 @@ func TestCoalescedBlockOneWork(t *testing.T) {
 			defer x.Free()
 			xs = append(xs, x)
 		}
-		before := len(e.b.pending)
+		before := len(e.b.pendingWorks())
 		w, err := Coalesce(e.ctx, e.b, func(ctx context.Context) error {
 			for _, x := range xs {
 				w, err := e.b.Allreduce(ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
@@ -436,9 +436,7 @@ func TestCoalescedBlockOneWork(t *testing.T) {
 		if w == nil {
 			return errors.New("no Work for the block")
 		}
-		e.b.mu.Lock()
-		added := len(e.b.pending) - before
-		e.b.mu.Unlock()
+		added := len(e.b.pendingWorks()) - before
 		if added > 1 {
 			return fmt.Errorf("%d works enqueued for one block", added)
 		}
@@ -575,9 +573,7 @@ func TestGraphCaptureSkipsWatchdog(t *testing.T) {
 		}
 		e.cur.Memset32(x.Ptr(), f32bits(float32(e.r+1)), n)
 		e.cur.Synchronize()
-		e.b.mu.Lock()
-		before := len(e.b.pending)
-		e.b.mu.Unlock()
+		before := len(e.b.pendingWorks())
 		unlock := lockThread()
 		defer unlock()
 		if err := e.cur.BeginCapture(cuda.CaptureModeThreadLocal); err != nil {
@@ -589,13 +585,16 @@ func TestGraphCaptureSkipsWatchdog(t *testing.T) {
 			return errors.Join(err, err2)
 		}
 		defer gr.Destroy()
-		e.b.mu.Lock()
-		after := len(e.b.pending)
-		e.b.mu.Unlock()
+		after := len(e.b.pendingWorks())
 		if after > before {
 			return fmt.Errorf("captured op enqueued to the watchdog (%d -> %d)", before, after)
 		}
-		_ = w
+		if cr, ok := w.(backend.CaptureReporter); !ok || !cr.Captured() {
+			return errors.New("the Work of a captured op does not report it captured")
+		}
+		if !w.IsCompleted() || w.Exception() != nil {
+			return fmt.Errorf("captured op: IsCompleted %v, Exception %v; want true, nil", w.IsCompleted(), w.Exception())
+		}
 		if err := gr.Launch(e.cur); err != nil {
 			return err
 		}

@@ -11,16 +11,17 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/watch"
 )
 
 // remoteErrorKey is the key, in the group's store, under which a rank that
-// fails writes "rank\nreason"; the other ranks' watchdogs fail their
-// pending works with ErrRemote naming it (PyTorch's remote_error signal).
+// fails writes "rank\nnanos\nreason" (watch.SignalValue); the other ranks'
+// watchdogs fail their pending works with ErrRemote naming it (PyTorch's
+// remote_error signal).
 const remoteErrorKey = "nccl/remote_error"
 
 // dumpGrace is how long a rank that ends the process after a failure waits
@@ -33,6 +34,43 @@ const dumpGrace = 2 * time.Second
 // report, the remote-error key).
 const storeCallTimeout = 5 * time.Second
 
+// edge is what the watchdog's driver needs from the world outside the
+// decisions: the clock, a sleep and the process's exit. New wires the real
+// ones; tests replace them.
+type edge struct {
+	now   func() time.Time
+	sleep func(time.Duration)
+	exit  func(code int)
+}
+
+var realEdge = edge{now: time.Now, sleep: time.Sleep, exit: os.Exit}
+
+// policyOf converts the option to the watch unit's enum, by name (the
+// option's numbering is PyTorch's, or whatever options.go makes it). A
+// value that names no policy, such as a zero value that means "the
+// default", is the default, SkipCleanUp.
+func policyOf(p ErrorPolicy) watch.Policy {
+	switch p {
+	case NoHandling:
+		return watch.NoHandling
+	case TearDown:
+		return watch.TearDown
+	case CleanUpOnly:
+		return watch.CleanUpOnly
+	case SkipCleanUp:
+		return watch.SkipCleanUp
+	}
+	return watch.SkipCleanUp
+}
+
+// newWatchdog is the decision unit of a backend with these options.
+func newWatchdog(cfg backend.Config, opts Options) *watch.Watchdog[*Work] {
+	return watch.NewWatchdog[*Work](watch.Config{
+		Policy: policyOf(opts.ErrorPolicy), BlockingWait: opts.BlockingWait, Rank: cfg.Rank,
+		Dump: cfg.DumpAll != nil, Signal: cfg.Store != nil, DumpGrace: dumpGrace,
+	})
+}
+
 func abortComm(c *comm) {
 	C.gn_comm_abort(C.uintptr_t(c.ctx), C.uintptr_t(c.handle))
 }
@@ -44,17 +82,17 @@ func (b *Backend) Heartbeat() uint64 { return b.heartbeat.Load() }
 
 var _ backend.Heartbeater = (*Backend)(nil)
 
-// watchdog polls the pending works every WatchdogInterval: completions
-// (releasing the events, and moving stashes of works never waited on to be
-// released at the next op), NCCL's asynchronous errors, a peer's error
-// published through the store, and timeouts; each round bumps the
-// heartbeat. It never blocks on the device. In blocking-wait mode it only
-// retires completions: Wait detects errors and timeouts in the caller.
+// watchdog drives the backend's watch.Watchdog every WatchdogInterval: it
+// feeds it NCCL's asynchronous errors, a peer's error published through
+// the store, the completions it polls, and the time, and performs the
+// actions it returns. Each round bumps the heartbeat. It never blocks on
+// the device. In blocking-wait mode it only retires completions: Wait
+// detects errors and timeouts in the caller.
 func (b *Backend) watchdog() {
 	defer close(b.wdDone)
 	t := time.NewTicker(b.opts.WatchdogInterval)
 	defer t.Stop()
-	var scratch []*Work
+	var scratch, freed []*Work
 	// Streams whose oldest pending work is still running this round. A
 	// stream runs its work in order, so nothing behind that work can have
 	// finished: one event query per busy stream, not one per pending work
@@ -73,16 +111,17 @@ func (b *Backend) watchdog() {
 		}
 		b.heartbeat.Add(1)
 		b.mu.Lock()
-		scratch = append(scratch[:0], b.pending...)
+		scratch = b.wd.AppendPending(scratch[:0])
+		b.retireLocked(scratch) // failed elsewhere (Work.Abort) since the last round
 		b.mu.Unlock()
 		if len(scratch) == 0 {
 			continue
 		}
 		if !b.opts.BlockingWait {
 			b.checkAsyncErrors(scratch)
-			b.checkRemoteError(scratch)
+			b.checkRemoteError()
 		}
-		var freed []*Work
+		freed = freed[:0]
 		clear(busy)
 		for _, w := range scratch {
 			if h := w.stream.Handle(); !busy[h] {
@@ -92,17 +131,17 @@ func (b *Backend) watchdog() {
 				}
 				busy[h] = true
 			}
-			if b.opts.BlockingWait {
-				continue
-			}
-			if d := time.Since(w.enq); d > w.timeout {
-				err := w.timeoutError(fmt.Sprintf("the watchdog saw it still running %v after enqueue (group %s)", d.Round(time.Millisecond), b.cfg.GroupDesc))
-				w.fail(err)
-				b.onLocalFailure(err)
-			}
 		}
 		b.mu.Lock()
-		b.pending = slices.DeleteFunc(b.pending, func(w *Work) bool { return w.finished.Load() })
+		b.retireLocked(scratch)
+		acts := b.wd.Tick(b.edge.now())
+		b.mu.Unlock()
+		b.perform(context.Background(), acts, nil)
+		b.mu.Lock()
+		// The works failed this round leave too, their stashes kept: their
+		// kernels may still run. The completed ones' stashes are released
+		// at the next op.
+		b.retireLocked(scratch)
 		for _, w := range freed {
 			w.mu.Lock()
 			b.unstash = append(b.unstash, w.takeStash()...)
@@ -110,12 +149,161 @@ func (b *Backend) watchdog() {
 		}
 		b.mu.Unlock()
 		clear(scratch)
+		clear(freed)
 	}
 }
 
-// timeoutError builds the ErrTimeout error of w: with the desync report
-// (the late ranks and a sentence naming them) and the flight recorder dump
-// that every rank is asked to take.
+// retireLocked tells the unit which of ws have finished. b.mu is held.
+func (b *Backend) retireLocked(ws []*Work) {
+	for _, w := range ws {
+		if w.finished.Load() {
+			b.wd.Done(w)
+		}
+	}
+}
+
+// pendingWorks returns the works the watchdog watches.
+func (b *Backend) pendingWorks() []*Work {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.wd.AppendPending(nil)
+}
+
+// checkAsyncErrors asks each communicator with pending works for an
+// asynchronous error (a peer or network failure) and feeds it to the unit.
+func (b *Backend) checkAsyncErrors(ws []*Work) {
+	seen := map[*comm]bool{}
+	for _, w := range ws {
+		if seen[w.c] || w.c.aborted.Load() {
+			continue
+		}
+		seen[w.c] = true
+		st, err := w.c.asyncError()
+		if err == nil && (st == 0 || st == ncclInProgress) {
+			continue
+		}
+		if err == nil {
+			err = &Error{Call: "ncclCommGetAsyncError", Code: st, Detail: C.GoString(C.gn_last_error())}
+		}
+		b.mu.Lock()
+		acts := b.wd.AsyncError(w.c.key, st == ncclRemoteError, err)
+		b.mu.Unlock()
+		b.perform(context.Background(), acts, nil)
+	}
+}
+
+// checkRemoteError reads the remote-error key, when a peer's error could
+// fail a pending work, and feeds it to the unit.
+func (b *Backend) checkRemoteError() {
+	b.mu.Lock()
+	want := b.wd.WantsRemote()
+	b.mu.Unlock()
+	if b.cfg.Store == nil || !want {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
+	defer cancel()
+	// Check before Get: a Get of a missing key blocks until it appears.
+	if ok, err := b.cfg.Store.Check(ctx, remoteErrorKey); err != nil || !ok {
+		return
+	}
+	v, err := b.cfg.Store.Get(ctx, remoteErrorKey)
+	if err != nil {
+		return
+	}
+	b.mu.Lock()
+	acts := b.wd.RemoteSignal(string(v))
+	b.mu.Unlock()
+	b.perform(context.Background(), acts, nil)
+}
+
+// perform carries out the unit's actions in order. Each failure's error is
+// built once, at its first action (a dump comes before the fail, so that
+// the error names the dump file before any waiter can see it). reason is
+// the cause of an Abort with no failure (a user's Abort).
+func (b *Backend) perform(ctx context.Context, acts []watch.Action[*Work], reason error) {
+	if len(acts) == 0 {
+		return
+	}
+	type built struct {
+		f *watch.Failure[*Work]
+		e *backend.OpError
+	}
+	var errs []built
+	errOf := func(f *watch.Failure[*Work]) *backend.OpError {
+		for _, x := range errs {
+			if x.f == f {
+				return x.e
+			}
+		}
+		e := b.failureError(f)
+		errs = append(errs, built{f, e})
+		return e
+	}
+	for _, a := range acts {
+		switch a.Kind {
+		case watch.Dump:
+			e := errOf(a.Failure)
+			if path := b.cfg.DumpAll(e.Error()); path != "" {
+				e.Detail += "; flight recorder dump: " + path
+			}
+		case watch.Fail:
+			a.Failure.Work.fail(errOf(a.Failure))
+		case watch.Signal:
+			b.publishRemoteError(errOf(a.Failure))
+		case watch.Abort:
+			cause := reason
+			if a.Failure != nil {
+				cause = errOf(a.Failure)
+			}
+			b.abortErr.CompareAndSwap(nil, &cause)
+			if a.Background {
+				// The blocking waiter gets the error now; the abort
+				// (bounded by AbortTimeout) goes on.
+				go b.abortAll(context.Background(), cause)
+			} else {
+				b.abortAll(ctx, cause)
+			}
+		case watch.Fatal:
+			slog.Error("gocoll nccl: fatal: ending the process", "rank", b.rank, "group", b.cfg.GroupDesc,
+				"policy", b.opts.ErrorPolicy.String(), "err", errOf(a.Failure))
+		case watch.Exit:
+			if a.Grace > 0 {
+				b.edge.sleep(a.Grace)
+			}
+			b.edge.exit(a.Code)
+		}
+	}
+}
+
+// failureError builds the error of a failure the unit decided.
+func (b *Backend) failureError(f *watch.Failure[*Work]) *backend.OpError {
+	w := f.Work
+	switch f.Kind {
+	case watch.Timeout:
+		who := "the watchdog"
+		if f.Blocking {
+			who = "blocking wait"
+		}
+		return w.timeoutError(fmt.Sprintf("%s saw it still running %v after enqueue (group %s)", who, f.Elapsed.Round(time.Millisecond), b.cfg.GroupDesc))
+	case watch.Remote:
+		return &backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.rank, Backend: Name, Kind: backend.ErrRemote, Ranks: []int{f.Peer},
+			Detail: fmt.Sprintf("rank %d failed: %s", f.Peer, f.Message)}
+	}
+	kind := backend.ErrAborted
+	if f.Kind == watch.AsyncRemote {
+		kind = backend.ErrRemote
+	}
+	detail := fmt.Sprintf("NCCL reported an asynchronous error on communicator %s (group %s)", f.Comm, b.cfg.GroupDesc)
+	if f.Blocking {
+		detail = "NCCL reported an asynchronous error (blocking wait)"
+	}
+	return &backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.rank, Backend: Name, Kind: kind, Err: f.Cause, Detail: detail}
+}
+
+// timeoutError builds the ErrTimeout error of w, with the desync report
+// (the late ranks and a sentence naming them). The dump file is added by
+// the unit's Dump action, when this is the failure worth a dump.
 func (w *Work) timeoutError(what string) *backend.OpError {
 	b := w.b
 	err := &backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.rank, Backend: Name, Kind: backend.ErrTimeout, Timeout: w.timeout}
@@ -131,142 +319,17 @@ func (w *Work) timeoutError(what string) *backend.OpError {
 	}
 	parts = append(parts, what)
 	err.Detail = strings.Join(parts, "; ")
-	b.dumpAll(err)
 	return err
 }
 
-// dumpAll dumps the flight recorder and asks every peer to dump theirs,
-// once per backend (the first failure is the one worth a dump), and adds
-// the dump file to err's detail.
-func (b *Backend) dumpAll(err *backend.OpError) {
-	if b.cfg.DumpAll == nil || !b.dumped.CompareAndSwap(false, true) {
-		return
-	}
-	if path := b.cfg.DumpAll(err.Error()); path != "" {
-		err.Detail += "; flight recorder dump: " + path
-	}
-}
-
-// onLocalFailure handles an error this rank found itself (a timeout, an
-// async NCCL error other than a remote one): it tells the peers through
-// the store and applies the error policy.
-func (b *Backend) onLocalFailure(err error) {
-	b.publishRemoteError(err)
-	b.handleError(err)
-}
-
-// publishRemoteError writes the remote-error key, once per backend.
+// publishRemoteError writes the remote-error key (the unit asks once per
+// backend).
 func (b *Backend) publishRemoteError(err error) {
-	if b.cfg.Store == nil || !b.published.CompareAndSwap(false, true) {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
 	defer cancel()
-	v := fmt.Sprintf("%d\n%d\n%s", b.rank, time.Now().UnixNano(), strings.ReplaceAll(err.Error(), "\n", " "))
+	v := watch.SignalValue(b.rank, b.edge.now(), err.Error())
 	if e := b.cfg.Store.Set(ctx, remoteErrorKey, []byte(v)); e != nil {
 		slog.Warn("gocoll nccl: could not publish the error to the peers", "rank", b.rank, "group", b.cfg.GroupDesc, "err", e)
-	}
-}
-
-// checkRemoteError fails the pending works with ErrRemote when a peer has
-// published an error since the last one seen, and applies the policy.
-func (b *Backend) checkRemoteError(ws []*Work) {
-	if b.cfg.Store == nil || !slices.ContainsFunc(ws, func(w *Work) bool { return !w.finished.Load() }) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
-	defer cancel()
-	// Check before Get: a Get of a missing key blocks until it appears.
-	if ok, err := b.cfg.Store.Check(ctx, remoteErrorKey); err != nil || !ok {
-		return
-	}
-	v, err := b.cfg.Store.Get(ctx, remoteErrorKey)
-	if err != nil || string(v) == b.remoteSeen {
-		return
-	}
-	b.remoteSeen = string(v)
-	parts := strings.SplitN(string(v), "\n", 3)
-	if len(parts) != 3 {
-		return
-	}
-	r, err := strconv.Atoi(parts[0])
-	if err != nil || r == b.rank {
-		return
-	}
-	var first error
-	for _, w := range ws {
-		if w.finished.Load() {
-			continue
-		}
-		e := &backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.rank, Backend: Name, Kind: backend.ErrRemote, Ranks: []int{r},
-			Detail: fmt.Sprintf("rank %d failed: %s", r, parts[2])}
-		w.fail(e)
-		if first == nil {
-			first = e
-		}
-	}
-	if first != nil {
-		b.handleError(first)
-	}
-}
-
-// checkAsyncErrors asks each communicator with pending works for an
-// asynchronous error (a peer or network failure) and fails its works.
-func (b *Backend) checkAsyncErrors(ws []*Work) {
-	seen := map[*comm]bool{}
-	for _, w := range ws {
-		if seen[w.c] || w.c.aborted.Load() {
-			continue
-		}
-		seen[w.c] = true
-		st, err := w.c.asyncError()
-		if err == nil && (st == 0 || st == ncclInProgress) {
-			continue
-		}
-		if err == nil {
-			err = &Error{Call: "ncclCommGetAsyncError", Code: st, Detail: C.GoString(C.gn_last_error())}
-		}
-		kind := backend.ErrAborted
-		if st == ncclRemoteError {
-			kind = backend.ErrRemote
-		}
-		var first *backend.OpError
-		for _, x := range ws {
-			if x.c == w.c && !x.finished.Load() {
-				e := &backend.OpError{Op: x.op.String(), Seq: x.seq, Rank: b.rank, Backend: Name, Kind: kind, Err: err,
-					Detail: fmt.Sprintf("NCCL reported an asynchronous error on communicator %s (group %s)", w.c.key, b.cfg.GroupDesc)}
-				if first == nil {
-					b.dumpAll(e)
-					first = e
-				}
-				x.fail(e)
-			}
-		}
-		if first == nil {
-			continue
-		}
-		if kind == backend.ErrRemote {
-			b.handleError(first) // a peer failed: it is not ours to publish
-		} else {
-			b.onLocalFailure(first)
-		}
-	}
-}
-
-// handleError applies the ErrorPolicy (never in blocking-wait mode, where
-// Wait reports errors to the caller).
-func (b *Backend) handleError(err error) {
-	switch b.opts.ErrorPolicy {
-	case NoHandling:
-	case CleanUpOnly:
-		b.abortErr.CompareAndSwap(nil, &err)
-		b.abortAll(context.Background(), err)
-	case TearDown:
-		b.abortErr.CompareAndSwap(nil, &err)
-		b.abortAll(context.Background(), err)
-		b.fatal(err)
-	case SkipCleanUp:
-		b.fatal(err)
 	}
 }
 
@@ -280,10 +343,7 @@ func (b *Backend) abortAll(ctx context.Context, reason error) {
 	// and their end events then complete, which must not read as success
 	// (seen on two H200s: a waiter saw nil). A work found complete here
 	// finished before the abort and keeps its result.
-	b.mu.Lock()
-	pend := slices.Clone(b.pending)
-	b.mu.Unlock()
-	for _, w := range pend {
+	for _, w := range b.pendingWorks() {
 		if !w.poll() {
 			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.rank, Backend: Name, Kind: backend.ErrAborted, Err: reason})
 		}
@@ -317,15 +377,4 @@ wait:
 		slog.Warn("gocoll nccl: ncclCommAbort has not returned; going on without it", "rank", b.rank, "group", b.cfg.GroupDesc,
 			"communicators", left, "waited", b.opts.AbortTimeout)
 	}
-}
-
-// fatal ends the process after an unrecoverable error, as TearDown and
-// SkipCleanUp do: one fatal log line, then, when peers were asked to dump,
-// a short grace so that they see the signal, then exit status 1.
-func (b *Backend) fatal(err error) {
-	slog.Error("gocoll nccl: fatal: ending the process", "rank", b.rank, "group", b.cfg.GroupDesc, "policy", b.opts.ErrorPolicy.String(), "err", err)
-	if b.dumped.Load() {
-		time.Sleep(dumpGrace)
-	}
-	os.Exit(1)
 }

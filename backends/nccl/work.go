@@ -14,6 +14,7 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/internal/watch"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -38,6 +39,18 @@ type Work struct {
 	stream  *cuda.Stream // the stream the kernel is on
 	outputs []*tensor.Tensor
 
+	// captured: the op was captured into a CUDA graph, not run. Set before
+	// the Work is returned, never changed after. It runs at each replay of
+	// the graph, ordered by the stream the graph is launched on, and it is
+	// neither complete nor failed nor pending: queries of its events fail
+	// or mean nothing (they were recorded during the capture), so nothing
+	// queries them. The watchdog never sees it (ProcessGroupNCCL skips
+	// workEnqueue the same way), the flight recorder leaves it alone
+	// (backend.CaptureReporter), and its host waits return at once. Its
+	// events stay with it, never back in the pool: the graph records them
+	// at each replay.
+	captured bool
+
 	mu       sync.Mutex // guards the fields below
 	end      *cuda.Event
 	start    *cuda.Event
@@ -53,6 +66,19 @@ type Work struct {
 }
 
 var _ backend.Work = (*Work)(nil)
+var _ backend.CaptureReporter = (*Work)(nil)
+
+// Captured implements backend.CaptureReporter: whether the op was captured
+// into a CUDA graph rather than run.
+func (w *Work) Captured() bool { return w.captured }
+
+// enqueueCaptured is enqueue for an op that was captured into a graph: it
+// gives w the captured state instead of handing it to the watchdog, and
+// releases the stashes freed since the last op as enqueue does.
+func (b *Backend) enqueueCaptured(w *Work) {
+	w.captured = true
+	b.enqueue(nil)
+}
 
 // stashTensors takes a reference on every tensor's device memory, so that
 // freeing the tensor before Wait defers the free (PyTorch's TensorShelf).
@@ -97,9 +123,10 @@ func (w *Work) releaseStash() {
 }
 
 // poll queries the end event and records completion. It reports whether
-// the work is finished (completed or failed).
+// the work is finished (completed or failed), or captured: then there is
+// nothing for the host to wait for, and its events are not queried.
 func (w *Work) poll() bool {
-	if w.finished.Load() {
+	if w.finished.Load() || w.captured {
 		return true
 	}
 	w.mu.Lock()
@@ -204,59 +231,60 @@ func (w *Work) Wait(ctx context.Context) error {
 
 // blockingWait is Wait in blocking-wait mode (PyTorch's
 // TORCH_NCCL_BLOCKING_WAIT): the host polls the end event and the
-// communicator's asynchronous error every millisecond against the op's
-// timeout, and the error comes back here, in the caller. A timeout or an
-// NCCL error aborts the group's communicators (in the background, bounded
-// by AbortTimeout), so that later ops
-// fail with ErrAborted keeping this error as the reason; the peers learn
-// of it through the store. ctx ending returns its error and changes
-// nothing.
+// communicator's asynchronous error every millisecond, and the watchdog
+// unit checks the op's timeout; the error comes back here, in the caller.
+// A timeout or an NCCL error aborts the group's communicators (in the
+// background, bounded by AbortTimeout), so that later ops fail with
+// ErrAborted keeping this error as the reason; the peers learn of it
+// through the store. ctx ending returns its error and changes nothing.
 func (w *Work) blockingWait(ctx context.Context) error {
 	b := w.b
 	t := time.NewTicker(time.Millisecond)
 	defer t.Stop()
+	start := b.edge.now()
 	for {
 		if w.poll() {
 			return w.Exception()
 		}
-		var failure *backend.OpError
+		var acts []watch.Action[*Work]
 		if !w.c.aborted.Load() {
 			if st, err := w.c.asyncError(); err != nil || (st != 0 && st != ncclInProgress) {
 				if err == nil {
 					err = &Error{Call: "ncclCommGetAsyncError", Code: st, Detail: C.GoString(C.gn_last_error())}
 				}
-				kind := backend.ErrAborted
+				kind := watch.Async
 				if st == ncclRemoteError {
-					kind = backend.ErrRemote
+					kind = watch.AsyncRemote
 				}
-				failure = &backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.rank, Backend: Name, Kind: kind, Err: err,
-					Detail: "NCCL reported an asynchronous error (blocking wait)"}
-				b.dumpAll(failure)
+				b.mu.Lock()
+				acts = b.wd.Report(watch.Failure[*Work]{Kind: kind, Work: w, Comm: w.c.key, Cause: err, Blocking: true})
+				b.mu.Unlock()
 			}
 		}
-		if failure == nil {
-			if d := time.Since(w.enq); d > w.timeout {
-				failure = w.timeoutError(fmt.Sprintf("blocking wait saw it still running %v after enqueue (group %s)", d.Round(time.Millisecond), b.cfg.GroupDesc))
-			}
+		if acts == nil {
+			b.mu.Lock()
+			acts = b.wd.BlockingWait(w, b.edge.now())
+			b.mu.Unlock()
 		}
-		if failure != nil {
-			w.fail(failure)
-			if !errorsIs(failure, backend.ErrRemote) {
-				b.publishRemoteError(failure)
-			}
-			var reason error = failure
-			b.abortErr.CompareAndSwap(nil, &reason)
-			// The caller gets the error now; the abort (bounded by
-			// AbortTimeout) goes on in the background.
-			go b.abortAll(context.Background(), failure)
+		if len(acts) > 0 {
+			b.perform(context.Background(), acts, nil)
 			return w.Exception()
 		}
 		select {
 		case <-ctx.Done():
-			return w.opErr(backend.ErrTimeout, ctx.Err())
+			return w.waitErr(ctx, start)
 		case <-t.C:
 		}
 	}
+}
+
+// waitErr is the error of a host wait for w that ctx ended, after waiting
+// since start: it says that the caller's context ended it, not the op's
+// timeout (backend.WaitError).
+func (w *Work) waitErr(ctx context.Context, start time.Time) error {
+	now := w.b.edge.now()
+	return &backend.WaitError{Op: w.op.String(), Seq: w.seq, Rank: w.b.rank, Backend: Name,
+		Waited: now.Sub(start), Timeout: w.timeout, Elapsed: now.Sub(w.enq), Err: ctx.Err()}
 }
 
 func (w *Work) opErr(kind error, err error) error {
@@ -284,13 +312,17 @@ func (w *Work) BlockStream(bs backend.Stream) error {
 // completes, fails, or ctx is done (PyTorch's wait(timeout)). It never
 // calls a blocking CUDA synchronisation, so an abort can always end it.
 func (w *Work) WaitHost(ctx context.Context) error {
+	var start time.Time
 	for delay := time.Microsecond; ; delay = min(2*delay, time.Millisecond) {
 		if w.poll() {
 			return w.Exception()
 		}
+		if start.IsZero() {
+			start = w.b.edge.now()
+		}
 		select {
 		case <-ctx.Done():
-			return w.opErr(backend.ErrTimeout, ctx.Err())
+			return w.waitErr(ctx, start)
 		case <-time.After(delay):
 		}
 	}
@@ -306,7 +338,7 @@ func (w *Work) IsStarted() (bool, error) {
 	if !w.timing {
 		return false, backend.ErrNoTiming
 	}
-	if w.finished.Load() || w.start == nil {
+	if w.finished.Load() || w.captured || w.start == nil {
 		return true, nil
 	}
 	return w.start.Query()
@@ -329,7 +361,11 @@ func (w *Work) Future() *backend.Future {
 	defer w.mu.Unlock()
 	if w.fut == nil {
 		w.fut = backend.NewFuture()
-		if w.finished.Load() {
+		if w.captured {
+			// Nothing on the host will see a replay end: the outputs are
+			// the graph's, ordered by its stream.
+			w.fut.Complete(w.outputs, nil)
+		} else if w.finished.Load() {
 			if w.err != nil {
 				w.fut.Complete(nil, w.err)
 			} else {
@@ -348,6 +384,9 @@ func (w *Work) SeqNum() uint64 { return w.seq }
 func (w *Work) Duration() (time.Duration, error) {
 	if !w.timing {
 		return 0, backend.ErrNoTiming
+	}
+	if w.captured {
+		return 0, fmt.Errorf("nccl: %s seq %d was captured into a CUDA graph: it has no duration of its own", w.op, w.seq)
 	}
 	if !w.poll() {
 		return 0, fmt.Errorf("nccl: duration requested before the op completed")
