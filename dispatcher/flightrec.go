@@ -16,6 +16,7 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/frtrace"
+	"github.com/gocoll/gocoll/internal/watch"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -63,8 +64,9 @@ type FlightRecorder struct {
 	nextID  uint64
 	groups  map[string]frtrace.PGConfig
 	status  map[string]*frtrace.PGStatus
-	pending int // entries whose work is not yet retired
-	dumped  bool
+	pending int         // entries whose work is not yet retired
+	dumps   watch.Dumps // when to dump, other than on demand
+	ndumps  int         // dumps written
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -88,7 +90,7 @@ func newFlightRecorder(opts FlightRecorderOptions, rank, size int) (*FlightRecor
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	fr := &FlightRecorder{opts: opts, rank: rank, size: size, ring: make([]frEntry, 0, opts.Entries),
+	fr := &FlightRecorder{opts: opts, rank: rank, size: size, ring: make([]frEntry, 0, opts.Entries), dumps: watch.Dumps{NoDumpOnError: opts.NoDumpOnError},
 		groups: map[string]frtrace.PGConfig{}, status: map[string]*frtrace.PGStatus{}, stop: make(chan struct{})}
 	if opts.PipeFile != "" {
 		path := opts.PipeFile + strconv.Itoa(rank) + ".pipe"
@@ -148,6 +150,12 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 	// overwrites, so a full ring records without allocating.
 	e.InputSizes, e.InputDtypes = fillSizes(slot.e.InputSizes, slot.e.InputDtypes, info.Inputs)
 	e.OutputSizes, e.OutputDtypes = fillSizes(slot.e.OutputSizes, slot.e.OutputDtypes, info.Outputs)
+	if c, ok := w.(backend.CaptureReporter); ok && c.Captured() {
+		// Captured into a CUDA graph: the op did not run and runs at each
+		// replay, so there is nothing to poll (its events may not even be
+		// queried). The entry stays scheduled, retired, marked captured.
+		e.Retired, e.Captured, w = true, true, nil
+	}
 	slot.e, slot.work = e, w
 	if w != nil {
 		fr.pending++
@@ -263,15 +271,33 @@ func (fr *FlightRecorder) poll() {
 
 // onError dumps once, on the first failed op, unless turned off.
 func (fr *FlightRecorder) onError(err error) {
-	if fr.opts.NoDumpOnError {
-		return
-	}
 	fr.mu.Lock()
-	already := fr.dumped
-	fr.dumped = true
+	acts := fr.dumps.Error(err.Error())
 	fr.mu.Unlock()
-	if !already {
-		_, _ = fr.Dump("error: " + err.Error())
+	fr.perform(acts)
+}
+
+// peerSignal dumps once per dump signal a peer posted.
+func (fr *FlightRecorder) peerSignal(v string) {
+	fr.mu.Lock()
+	acts := fr.dumps.PeerSignal(v)
+	fr.mu.Unlock()
+	fr.perform(acts)
+}
+
+// ownSignal notes the signal this rank posts after its own dump.
+func (fr *FlightRecorder) ownSignal(v string) {
+	fr.mu.Lock()
+	fr.dumps.OwnSignal(v)
+	fr.mu.Unlock()
+}
+
+// perform carries out the dump decisions (watch.Dumps returns only dumps).
+func (fr *FlightRecorder) perform(acts []watch.Action[struct{}]) {
+	for _, a := range acts {
+		if a.Kind == watch.Dump {
+			_, _ = fr.Dump(a.Reason)
+		}
 	}
 }
 
@@ -360,8 +386,20 @@ func (fr *FlightRecorder) Dump(reason string) (string, error) {
 	if err := os.Rename(tmp, path); err != nil {
 		return "", fmt.Errorf("dispatcher: flight recorder dump: %w", err)
 	}
+	fr.mu.Lock()
+	fr.ndumps++
+	fr.mu.Unlock()
 	fr.opts.Logger.Info("flight recorder dumped", "rank", fr.rank, "path", path, "reason", reason)
 	return path, nil
+}
+
+// Dumps returns how many dumps the recorder has written, for whatever
+// reason: a program (or a test) can check that nothing went wrong enough
+// to dump.
+func (fr *FlightRecorder) Dumps() int {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	return fr.ndumps
 }
 
 // close stops the recorder's goroutines.

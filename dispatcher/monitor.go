@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/watch"
 )
 
 // Defaults of the heartbeat monitor, PyTorch's.
@@ -43,19 +44,20 @@ type MonitorOptions struct {
 	Logger *slog.Logger
 }
 
-// monitor is the heartbeat monitor of a process (its default group).
+// monitor is the heartbeat monitor of a process (its default group): a
+// thin goroutine that feeds the watchdogs' counts and the time to a
+// watch.Heartbeat, the peers' dump signals to the flight recorder, and
+// performs what they return.
 type monitor struct {
 	opts MonitorOptions
 	root *ProcessGroup
+	now  func() time.Time // the clock; time.Now outside tests
 	stop chan struct{}
 	done sync.WaitGroup
-
-	mu         sync.Mutex
-	signalSeen string // the dump signal already answered
 }
 
 func startMonitor(root *ProcessGroup, opts MonitorOptions) *monitor {
-	m := &monitor{opts: opts, root: root, stop: make(chan struct{})}
+	m := &monitor{opts: opts, root: root, now: time.Now, stop: make(chan struct{})}
 	m.done.Go(m.run)
 	return m
 }
@@ -88,8 +90,7 @@ func (m *monitor) heartbeats() map[backend.Heartbeater]uint64 {
 func (m *monitor) run() {
 	tick := time.NewTicker(m.opts.CoordCheck)
 	defer tick.Stop()
-	last := map[backend.Heartbeater]uint64{}
-	moved := map[backend.Heartbeater]time.Time{}
+	hb := watch.NewHeartbeat[backend.Heartbeater](m.opts.HeartbeatTimeout)
 	for {
 		select {
 		case <-m.stop:
@@ -97,23 +98,25 @@ func (m *monitor) run() {
 		case <-tick.C:
 		}
 		m.checkSignal()
-		now := time.Now()
+		now := m.now()
 		for h, beat := range m.heartbeats() {
-			if prev, ok := last[h]; !ok || prev != beat {
-				last[h], moved[h] = beat, now
-				continue
+			if acts := hb.Observe(now, h, h.(backend.Backend).Name(), beat); acts != nil {
+				m.perform(acts)
 			}
-			if stuck := now.Sub(moved[h]); stuck >= m.opts.HeartbeatTimeout {
-				m.fatal(fmt.Sprintf("watchdog heartbeat of backend %s has not moved for %v (heartbeat timeout %v)",
-					h.(backend.Backend).Name(), stuck.Round(time.Millisecond), m.opts.HeartbeatTimeout))
-				return
-			}
+		}
+		if hb.Fired() {
+			return
 		}
 	}
 }
 
-// checkSignal dumps once per dump signal a peer posted.
+// checkSignal hands the dump signal a peer posted, if any, to the flight
+// recorder, which dumps once per signal.
 func (m *monitor) checkSignal() {
+	fr := m.root.recorder
+	if fr == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.opts.CoordCheck)
 	defer cancel()
 	st := m.root.store
@@ -124,22 +127,32 @@ func (m *monitor) checkSignal() {
 	if err != nil {
 		return
 	}
-	m.mu.Lock()
-	seen := m.signalSeen == string(v)
-	m.signalSeen = string(v)
-	m.mu.Unlock()
-	if !seen && m.root.recorder != nil {
-		_, _ = m.root.recorder.Dump("peer asked: " + string(v))
+	fr.peerSignal(string(v))
+}
+
+// perform carries out the heartbeat monitor's actions: dump the flight
+// recorder, then every goroutine's stack, log one line, end the process.
+func (m *monitor) perform(acts []watch.Action[backend.Heartbeater]) {
+	path, stackPath := "", ""
+	for _, a := range acts {
+		switch a.Kind {
+		case watch.Dump:
+			if fr := m.root.recorder; fr != nil {
+				path, _ = fr.Dump(a.Reason)
+			}
+		case watch.Stacks:
+			stackPath = m.dumpStacks()
+		case watch.Fatal:
+			m.opts.Logger.Error("gocoll: fatal: "+a.Reason+"; ending the process", "rank", m.root.rank, "flight_recorder", path, "stacks", stackPath)
+		case watch.Exit:
+			m.opts.Exit(a.Code)
+		}
 	}
 }
 
-// fatal dumps the flight recorder and every goroutine's stack, logs one
-// line and ends the process.
-func (m *monitor) fatal(reason string) {
-	path := ""
-	if fr := m.root.recorder; fr != nil {
-		path, _ = fr.Dump("heartbeat monitor: " + reason)
-	}
+// dumpStacks writes every goroutine's stack next to the flight recorder's
+// dump and returns the file.
+func (m *monitor) dumpStacks() string {
 	stacks := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(stacks, true)
@@ -154,8 +167,7 @@ func (m *monitor) fatal(reason string) {
 		stackPath = fr.DumpPath() + ".stacks"
 	}
 	_ = os.WriteFile(stackPath, stacks, 0o644)
-	m.opts.Logger.Error("gocoll: fatal: "+reason+"; ending the process", "rank", m.root.rank, "flight_recorder", path, "stacks", stackPath)
-	m.opts.Exit(134) // 128 + SIGABRT, as PyTorch's monitor ends with abort()
+	return stackPath
 }
 
 // DumpAll dumps this process's flight recorder and asks every rank, through
@@ -170,10 +182,8 @@ func (pg *ProcessGroup) DumpAll(reason string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	sig := fmt.Sprintf("rank %d: %s", root.rank, reason)
-	if root.monitor != nil {
-		root.monitor.mu.Lock()
-		root.monitor.signalSeen = sig // this rank has dumped already
-		root.monitor.mu.Unlock()
+	if root.recorder != nil {
+		root.recorder.ownSignal(sig) // this rank has dumped already
 	}
 	_ = root.store.Set(ctx, dumpSignalKey, []byte(sig))
 	return path

@@ -70,4 +70,8 @@ type Entry struct {
 	ThreadID        string    `json:"thread_id"`
 	ThreadName      string    `json:"thread_name"`
 	Error           string    `json:"error,omitempty"`
+	// Captured marks an op captured into a CUDA graph: it did not run when
+	// recorded, and runs at each replay, so it stays scheduled (retired).
+	// Not in PyTorch's schema; its reader ignores the key.
+	Captured bool `json:"captured,omitempty"`
 }
