@@ -172,7 +172,8 @@ func TestHostWork(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if err := w.WaitHost(ctx); !errors.Is(err, ErrTimeout) {
+	if err := w.WaitHost(ctx); !errors.Is(err, ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) ||
+		!strings.HasPrefix(err.Error(), "wait for op seq 7: caller's context deadline exceeded after ") {
 		t.Fatalf("WaitHost past deadline: %v", err)
 	}
 	w.MarkStarted()
@@ -198,4 +199,31 @@ func TestHostWork(t *testing.T) {
 		t.Fatalf("onAbort got %v", err)
 	}
 	a.Abort(errors.New("again")) // no-op once completed
+}
+
+// A wait that the caller's context ended says so, and whether the op's own
+// timeout had passed; it wraps ErrTimeout and the context's error.
+func TestWaitError(t *testing.T) {
+	cases := []struct {
+		e    WaitError
+		want string
+	}{
+		{WaitError{Op: "allreduce", Seq: 4, Rank: 0, Backend: "nccl", Waited: 300*time.Millisecond + 12*time.Microsecond, Timeout: 30 * time.Second,
+			Elapsed: 310 * time.Millisecond, Err: context.DeadlineExceeded},
+			"wait for nccl allreduce seq 4 on rank 0: caller's context deadline exceeded after 300ms (op timeout 30s not reached)"},
+		{WaitError{Op: "send", Seq: 2, Rank: 1, Backend: "cpupool", Waited: 2 * time.Second, Timeout: time.Second,
+			Elapsed: 2 * time.Second, Err: context.Canceled},
+			"wait for cpupool send seq 2 on rank 1: caller's context canceled after 2s (op timeout 1s passed too, not yet reported)"},
+		{WaitError{Seq: 9, Rank: -1, Waited: 1500 * time.Nanosecond, Err: context.DeadlineExceeded},
+			"wait for op seq 9: caller's context deadline exceeded after 2µs"},
+	}
+	for _, c := range cases {
+		err := error(&c.e)
+		if err.Error() != c.want {
+			t.Errorf("got  %q\nwant %q", err, c.want)
+		}
+		if !errors.Is(err, ErrTimeout) || !errors.Is(err, c.e.Err) {
+			t.Errorf("%v does not wrap ErrTimeout and %v", err, c.e.Err)
+		}
+	}
 }

@@ -48,6 +48,7 @@ import (
 	"github.com/gocoll/gocoll/internal/coll"
 	"github.com/gocoll/gocoll/internal/knob"
 	"github.com/gocoll/gocoll/internal/tcpmesh"
+	"github.com/gocoll/gocoll/internal/watch"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -142,7 +143,13 @@ type Backend struct {
 	stopped     error // set by Close (ErrClosed) or Abort
 	senders     []*sender
 
-	dumped atomic.Bool // the flight recorder was dumped for a timeout
+	// wd decides what a timed-out op leads to (the dump, once per backend:
+	// the first timeout is the one worth it), as it does for nccl's
+	// watchdog; cpupool finds its timeouts itself, as the op's deadline
+	// ends its job, and reports them. Its policy is NoHandling: like a
+	// Gloo context, the backend only fails the op. Guarded by wdMu.
+	wdMu sync.Mutex
+	wd   *watch.Watchdog[*job]
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -172,7 +179,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 			return nil, err
 		}
 	}
-	b := &Backend{cfg: cfg, opts: opts}
+	b := &Backend{cfg: cfg, opts: opts, wd: watch.NewWatchdog[*job](watch.Config{Policy: watch.NoHandling, Rank: cfg.Rank, Dump: cfg.DumpAll != nil})}
 	b.q.init(lazyWake)
 	mesh, err := tcpmesh.Connect(ctx, tcpmesh.Config{
 		Rank: cfg.Rank, Size: cfg.WorldSize, Store: cfg.Store, Host: opts.Host,
@@ -568,25 +575,52 @@ type work struct {
 
 // Wait implements backend.Work.
 func (w *work) Wait(ctx context.Context) error {
-	w.b.help(w.j)
+	w.b.help(w.j, true)
 	return w.HostWork.Wait(ctx)
 }
 
-// WaitHost implements backend.Work.
+// WaitHost implements backend.Work. When ctx ends first, the error (a
+// *backend.WaitError) names the op and says that the caller's deadline
+// fired, and whether the op's own timeout had passed.
 func (w *work) WaitHost(ctx context.Context) error {
-	w.b.help(w.j)
-	return w.HostWork.WaitHost(ctx)
+	start := time.Now()
+	w.b.help(w.j, outlasts(ctx, w.j))
+	err := w.HostWork.WaitHost(ctx)
+	var we *backend.WaitError
+	if errors.As(err, &we) && we.Op == "" {
+		we.Op, we.Rank, we.Backend, we.Timeout = w.j.op.String(), w.b.cfg.Rank, Name, w.j.timeout
+		we.Waited = time.Since(start)
+		if dl, ok := w.j.ctx.Deadline(); ok {
+			we.Elapsed = w.j.timeout - time.Until(dl)
+		}
+	}
+	return err
 }
 
 // BlockStream implements backend.Work: with no stream to order, it blocks
 // the host.
 func (w *work) BlockStream(backend.Stream) error { return w.Wait(context.Background()) }
 
-func (b *Backend) help(j *job) {
+// outlasts reports whether a wait under ctx would last at least as long as
+// job j may run: only then may the waiting goroutine run j itself, since
+// once it runs the op it cannot leave it when ctx ends (the op goes on for
+// the peers).
+func outlasts(ctx context.Context, j *job) bool {
+	if ctx.Done() == nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	jdl, jok := j.ctx.Deadline()
+	return ok && jok && !dl.Before(jdl)
+}
+
+// help speeds up a wait for j: it runs j on the waiting goroutine when
+// inline is set and j is next in the queue, else polls for PollSpin.
+func (b *Backend) help(j *job, inline bool) {
 	if j.w.IsCompleted() {
 		return
 	}
-	if b.q.take(j) {
+	if inline && b.q.take(j) {
 		b.runJob(j)
 		return
 	}
@@ -645,7 +679,7 @@ func (b *Backend) wrap(j *job, err error) error {
 		if len(e.Ranks) > 0 {
 			e.Detail = "ranks that never joined (found by asking each peer how many collectives it issued)"
 		}
-		b.explainTimeout(e, j.op)
+		b.explainTimeout(e, j)
 	case j.ctx != nil && errors.Is(j.ctx.Err(), context.Canceled):
 		e.Kind = backend.ErrAborted
 	default:
@@ -656,13 +690,13 @@ func (b *Backend) wrap(j *job, err error) error {
 
 // explainTimeout adds the dispatcher's desync report to a collective that
 // ran out of time (the store knows what each rank enqueued and completed),
-// keeping the ranks the peers' answers named, and dumps
-// every rank's flight recorder once per backend, as the nccl watchdog does:
-// the first timeout is the one worth a dump.
-func (b *Backend) explainTimeout(e *backend.OpError, op backend.Op) {
-	if b.cfg.Desync != nil && e.Seq > 0 && op.Info().Kind != backend.P2P {
+// keeping the ranks the peers' answers named, and performs what the watch
+// unit decides for the timeout: a dump of every rank's flight recorder,
+// once per backend, as for the nccl watchdog.
+func (b *Backend) explainTimeout(e *backend.OpError, j *job) {
+	if b.cfg.Desync != nil && e.Seq > 0 && j.op.Info().Kind != backend.P2P {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		late, sentence := b.cfg.Desync(ctx, op, e.Seq)
+		late, sentence := b.cfg.Desync(ctx, j.op, e.Seq)
 		cancel()
 		if len(e.Ranks) == 0 {
 			e.Ranks = late
@@ -671,9 +705,17 @@ func (b *Backend) explainTimeout(e *backend.OpError, op backend.Op) {
 			e.Detail = strings.TrimSuffix(sentence+"; "+e.Detail, "; ")
 		}
 	}
-	if b.cfg.DumpAll != nil && b.dumped.CompareAndSwap(false, true) {
-		if path := b.cfg.DumpAll(e.Error()); path != "" {
-			e.Detail += "; flight recorder dump: " + path
+	b.wdMu.Lock()
+	acts := b.wd.Report(watch.Failure[*job]{Kind: watch.Timeout, Work: j, Elapsed: j.timeout})
+	b.wdMu.Unlock()
+	for _, a := range acts {
+		switch a.Kind {
+		case watch.Dump:
+			if path := b.cfg.DumpAll(e.Error()); path != "" {
+				e.Detail += "; flight recorder dump: " + path
+			}
+		case watch.Fail:
+			// e is the job's error: runJob completes the work with it.
 		}
 	}
 }
