@@ -1,0 +1,88 @@
+package conformance
+
+import (
+	"runtime"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2" //nolint:revive
+	. "github.com/onsi/gomega"    //nolint:revive
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/internal/frtrace"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// CUDA graph capture through the dispatcher (issue 11, item 6): an op
+// captured in sync mode did not run, and runs at each replay; its Work is
+// neither failed nor pending, the flight recorder and the watchdog leave it
+// alone (they used to query its end event, recorded during the capture,
+// and report CUDA_ERROR_INVALID_VALUE as a failure, with a dump), and the
+// replays dump nothing. The nccl backend's own form is
+// backends/nccl's TestGraphCaptureSkipsWatchdog.
+
+func init() { Define(defineNCCLGraph) }
+
+func defineNCCLGraph(s *Suite) {
+	Describe("nccl CUDA graph capture", Label(LabelStream), func() {
+		It("sync mode: a captured allgather_into_tensor is not failed and not pending; replays run it; nothing is dumped", func() {
+			e := s.gpu()
+			defer e.close()
+			fr := s.PG.FlightRecorder()
+			in := e.fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
+			out := e.zeros(tensor.Float32, gpuN*s.Size)
+			// The first collective connects the peers, which cannot be
+			// captured: run one eagerly.
+			s.Done(s.PG.AllgatherIntoTensor(e.ctx, out, in, backend.AllgatherIntoTensorOptions{}))
+			Expect(e.cur.Memset32(out.Ptr(), 0, gpuN*s.Size)).To(Succeed())
+			e.sync()
+			dumps := 0
+			if fr != nil {
+				dumps = fr.Dumps()
+			}
+
+			// Thread-local capture: the capturing thread must stay the same
+			// from BeginCapture to EndCapture.
+			runtime.LockOSThread()
+			Expect(e.cur.BeginCapture(cuda.CaptureModeThreadLocal)).To(Succeed())
+			w, err := s.PG.AllgatherIntoTensor(e.ctx, out, in, backend.AllgatherIntoTensorOptions{})
+			gr, endErr := e.cur.EndCapture()
+			runtime.UnlockOSThread()
+			Expect(err).NotTo(HaveOccurred())
+			Expect(endErr).NotTo(HaveOccurred())
+			defer func() { _ = gr.Destroy() }()
+			cr, ok := w.(backend.CaptureReporter)
+			Expect(ok && cr.Captured()).To(BeTrue(), "the Work of a captured op does not report it captured")
+			expectAll(e.read(out), func(int) float64 { return 0 }, "output after the capture (nothing ran)")
+
+			for range 3 {
+				Expect(gr.Launch(e.cur)).To(Succeed())
+			}
+			expectAll(e.read(out), func(i int) float64 { return float64(i/gpuN + 1) }, "allgather after the replays")
+
+			// Several periods of the flight recorder's and the watchdog's
+			// polls (100 ms each) go by.
+			time.Sleep(350 * time.Millisecond)
+			Expect(w.Exception()).To(BeNil())
+			Expect(w.IsCompleted()).To(BeTrue(), "a captured op leaves nothing for the host to wait for")
+			ctx, cancel := e.waitCtx()
+			defer cancel()
+			Expect(w.WaitHost(ctx)).To(Succeed())
+			Expect(w.Wait(e.ctx)).To(Succeed())
+			if fr != nil {
+				var entry *frtrace.Entry
+				snap := fr.Snapshot("conformance: graph capture")
+				for i := range snap.Entries {
+					if x := &snap.Entries[i]; !x.IsP2P && x.CollectiveSeqID == w.SeqNum() && x.ProfilingName == backend.OpAllgatherIntoTensor.ProfilingName(e.b.Name()) {
+						entry = x
+					}
+				}
+				Expect(entry).NotTo(BeNil(), "no flight recorder entry for the captured op (seq %d)", w.SeqNum())
+				Expect(entry.Captured).To(BeTrue(), "%+v", *entry)
+				Expect(entry.Error).To(BeEmpty())
+				Expect(fr.Dumps()).To(Equal(dumps), "the capture or its replays dumped the flight recorder")
+			}
+			Expect(s.Sync()).To(Succeed())
+		})
+	})
+}
