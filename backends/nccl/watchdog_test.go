@@ -19,7 +19,7 @@ import (
 func TestPolicyOf(t *testing.T) {
 	for p, want := range map[ErrorPolicy]watch.Policy{
 		NoHandling: watch.NoHandling, TearDown: watch.TearDown, CleanUpOnly: watch.CleanUpOnly,
-		SkipCleanUp: watch.SkipCleanUp, ErrorPolicy(42): watch.SkipCleanUp,
+		SkipCleanUp: watch.SkipCleanUp, DefaultPolicy: watch.SkipCleanUp, ErrorPolicy(42): watch.SkipCleanUp,
 	} {
 		if got := policyOf(p); got != want {
 			t.Errorf("policyOf(%v) = %v, want %v", p, got, want)
