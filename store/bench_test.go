@@ -59,7 +59,7 @@ func BenchmarkServerRequestPath(b *testing.B) {
 			stream := benchOpStream(d, batch)
 			opts := ServerOptions{Logger: slog.New(slog.DiscardHandler), NoEnvSecret: true, Addr: "unused"}
 			opts.fill()
-			s := &TCPServer{opts: opts, st: newServerState(), log: opts.Logger}
+			s := &TCPServer{opts: opts, st: newServerState(&opts), log: opts.Logger}
 			prefix := []byte{}
 			if d == DialectV2 {
 				prefix = appendU32([]byte{0}, validationMagic)
@@ -161,7 +161,7 @@ func BenchmarkServerWaitWake(b *testing.B) {
 func TestServerScratchReuse(t *testing.T) {
 	opts := ServerOptions{Logger: slog.New(slog.DiscardHandler), NoEnvSecret: true, Addr: "unused"}
 	opts.fill()
-	s := &TCPServer{opts: opts, st: newServerState(), log: opts.Logger}
+	s := &TCPServer{opts: opts, st: newServerState(&opts), log: opts.Logger}
 	in := appendU32([]byte{0}, validationMagic)
 	for _, r := range [][]byte{
 		req(cSet, "/a", []byte("xx")), req(cSet, "/b", []byte("yyyy")), req(cSet, "/a", []byte("zz")),

@@ -24,7 +24,7 @@ func FuzzServerParser(f *testing.F) {
 		opts := ServerOptions{MaxValueLen: 64 << 10, MaxKeysPerRequest: 1024, MaxRequestBytes: 1 << 20,
 			Logger: slog.New(slog.DiscardHandler), NoEnvSecret: true, Addr: "unused"}
 		opts.fill()
-		s := &TCPServer{opts: opts, st: newServerState(), log: opts.Logger}
+		s := &TCPServer{opts: opts, st: newServerState(&opts), log: opts.Logger}
 		// Two connections share the store: the second replays the input
 		// after the first, so waits of one can be woken by the other.
 		for range 2 {
@@ -84,7 +84,7 @@ func FuzzFrameLen(f *testing.F) {
 		opts := ServerOptions{MaxValueLen: 64 << 10, MaxKeysPerRequest: 64, MaxRequestBytes: 4 << 10,
 			Logger: slog.New(slog.DiscardHandler), NoEnvSecret: true, Addr: "unused"}
 		opts.fill()
-		s := &TCPServer{opts: opts, st: newServerState(), log: opts.Logger}
+		s := &TCPServer{opts: opts, st: newServerState(&opts), log: opts.Logger}
 		c := s.newConn(nil, io.Discard)
 		src := &sliceSource{}
 		c.rd.r = src

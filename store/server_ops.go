@@ -1,0 +1,235 @@
+package store
+
+import "fmt"
+
+// handlers maps each op to the function that reads its fields from the
+// connection and runs it on the server state. A nil entry (opInvalid) is
+// an unknown code. Both engines run requests through handleOne, so they
+// parse and answer alike byte for byte; frameLen mirrors the field reads
+// here, and FuzzFrameLen holds the two together.
+var handlers = [...]func(*srvConn) error{
+	opValidate:   (*srvConn).handleValidate,
+	opSet:        (*srvConn).handleSet,
+	opCompareSet: (*srvConn).handleCompareSet,
+	opGet:        (*srvConn).handleGet,
+	opAdd:        (*srvConn).handleAdd,
+	opCheck:      (*srvConn).handleCheck,
+	opWait:       (*srvConn).handleWait,
+	opNumKeys:    (*srvConn).handleNumKeys,
+	opWatchKey:   (*srvConn).handleWatchKey,
+	opDeleteKey:  (*srvConn).handleDeleteKey,
+	opAppend:     (*srvConn).handleAppend,
+	opMultiGet:   (*srvConn).handleMultiGet,
+	opMultiSet:   (*srvConn).handleMultiSet,
+	opCancelWait: (*srvConn).handleCancelWait,
+	opPing:       (*srvConn).handlePing,
+	opQueuePush:  (*srvConn).handleQueuePush,
+	opQueuePop:   (*srvConn).handleQueuePop,
+	opQueueLen:   (*srvConn).handleQueueLen,
+	opListKeys:   (*srvConn).handleListKeys,
+}
+
+// handleOne reads and executes one request. An error ends the connection.
+func (c *srvConn) handleOne() error {
+	code, err := c.rd.u8()
+	if err != nil {
+		return err
+	}
+	if h := handlers[decodeOp(c.dialect, code)]; h != nil {
+		return h(c)
+	}
+	return fmt.Errorf("%w: unknown query code %d (0x%02x) for dialect %s", errMalformed, code, code, c.dialect)
+}
+
+func (c *srvConn) handleSet() error {
+	k, err := c.keyB()
+	if err != nil {
+		return err
+	}
+	v, err := c.valueB()
+	if err != nil {
+		return err
+	}
+	flushAll(c.st.set(k, v))
+	return nil
+}
+
+func (c *srvConn) handleCompareSet() error {
+	k, exp, err := c.keyValue()
+	if err != nil {
+		return err
+	}
+	des, err := c.value()
+	if err != nil {
+		return err
+	}
+	flushAll(c.st.compareSet(&c.session, k, exp, des))
+	return nil
+}
+
+func (c *srvConn) handleGet() error {
+	k, err := c.keyB()
+	if err != nil {
+		return err
+	}
+	if !c.st.get(&c.session, k, c.dialect != DialectV1) && c.dialect == DialectV1 {
+		return fmt.Errorf("%w: GET of missing key %q (the 1.x server closes the connection)", errMalformed, k)
+	}
+	return nil
+}
+
+func (c *srvConn) handleAdd() error {
+	k, err := c.keyB()
+	if err != nil {
+		return err
+	}
+	d, err := c.rd.u64()
+	if err != nil {
+		return err
+	}
+	wake, err := c.st.add(&c.session, k, int64(d)) //nolint:gosec // wraps like the C++ server
+	if err != nil {
+		return err
+	}
+	flushAll(wake)
+	return nil
+}
+
+func (c *srvConn) handleCheck() error {
+	keys, err := c.keysB()
+	if err != nil {
+		return err
+	}
+	c.st.check(&c.session, keys)
+	return nil
+}
+
+func (c *srvConn) handleWait() error {
+	keys, err := c.keysB()
+	if err != nil {
+		return err
+	}
+	c.st.wait(&c.session, keys)
+	return nil
+}
+
+func (c *srvConn) handleNumKeys() error {
+	c.st.numKeys(&c.session)
+	return nil
+}
+
+func (c *srvConn) handleDeleteKey() error {
+	k, err := c.keyB()
+	if err != nil {
+		return err
+	}
+	c.st.deleteKey(&c.session, k)
+	return nil
+}
+
+func (c *srvConn) handleAppend() error {
+	k, v, err := c.keyValue()
+	if err != nil {
+		return err
+	}
+	wake, err := c.st.appendValue(k, v)
+	if err != nil {
+		return err
+	}
+	flushAll(wake)
+	return nil
+}
+
+func (c *srvConn) handleMultiGet() error {
+	keys, err := c.keysB()
+	if err != nil {
+		return err
+	}
+	return c.st.multiGet(&c.session, keys)
+}
+
+func (c *srvConn) handleMultiSet() error {
+	n, err := c.rd.count("key", c.s.opts.MaxKeysPerRequest)
+	if err != nil {
+		return err
+	}
+	keys := make([]string, 0, min(n, 1024))
+	vals := make([][]byte, 0, min(n, 1024))
+	total := 0
+	for range n {
+		k, v, err := c.keyValue()
+		if err != nil {
+			return err
+		}
+		if total += len(k) + len(v) + 16; total > c.s.opts.MaxRequestBytes {
+			return fmt.Errorf("%w: MULTI_SET of %d keys exceeds %d bytes", errMalformed, n, c.s.opts.MaxRequestBytes)
+		}
+		keys, vals = append(keys, k), append(vals, v)
+	}
+	flushAll(c.st.multiSet(keys, vals))
+	return nil
+}
+
+func (c *srvConn) handleCancelWait() error {
+	c.st.cancelWait(&c.session)
+	return nil
+}
+
+func (c *srvConn) handlePing() error {
+	n, err := c.rd.u32()
+	if err != nil {
+		return err
+	}
+	c.outMu.Lock()
+	c.out = appendU32(c.out, n)
+	c.outMu.Unlock()
+	return nil
+}
+
+func (c *srvConn) handleQueuePush() error {
+	k, v, err := c.keyValue()
+	if err != nil {
+		return err
+	}
+	flushAll(c.st.queuePush(k, v))
+	return nil
+}
+
+func (c *srvConn) handleQueuePop() error {
+	k, err := c.key()
+	if err != nil {
+		return err
+	}
+	c.st.queuePop(&c.session, k)
+	return nil
+}
+
+func (c *srvConn) handleQueueLen() error {
+	k, err := c.key()
+	if err != nil {
+		return err
+	}
+	c.st.queueLen(&c.session, k)
+	return nil
+}
+
+func (c *srvConn) handleListKeys() error {
+	c.st.listKeys(&c.session)
+	return nil
+}
+
+func (c *srvConn) handleValidate() error {
+	return fmt.Errorf("%w: VALIDATE after the start of the connection", errMalformed)
+}
+
+func (c *srvConn) handleWatchKey() error {
+	return fmt.Errorf("%w: WATCH_KEY (1.x watchKey) is not supported", errMalformed)
+}
+
+// flushAll sends the replies that completed waits queued on other
+// connections.
+func flushAll(wake []*session) {
+	for _, s := range wake {
+		s.conn.wakeFlush()
+	}
+}
