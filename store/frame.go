@@ -70,7 +70,8 @@ var errFrameMismatch = errors.New("store server: internal error: request framing
 // A length or count over its limit ends the frame right after that field:
 // the parser, reading the same field, fails with its usual error, so a huge
 // length is refused at once rather than waited for. Every limit check here
-// mirrors one in handleOne; FuzzFrameLen holds the two together.
+// mirrors one in the handlers (server_ops.go); FuzzFrameLen holds the two
+// together.
 func frameLen(d Dialect, o *ServerOptions, b []byte) (n, need int) {
 	if len(b) == 0 {
 		return 0, 1

@@ -3,8 +3,10 @@ package store
 import "fmt"
 
 // handlers maps each op to the function that reads its fields from the
-// connection and runs it on the server state. A nil entry (opInvalid) is
-// an unknown code. Both engines run requests through handleOne, so they
+// connection and runs it on the server state: a handle method, or, for an
+// op whose only fields are keys, an adapter (bare, withKey, withKeyB,
+// withKeys) around the state's method. A nil entry (opInvalid) is an
+// unknown code. Both engines run requests through handleOne, so they
 // parse and answer alike byte for byte; frameLen mirrors the field reads
 // here, and FuzzFrameLen holds the two together.
 var handlers = [...]func(*srvConn) error{
@@ -13,20 +15,20 @@ var handlers = [...]func(*srvConn) error{
 	opCompareSet: (*srvConn).handleCompareSet,
 	opGet:        (*srvConn).handleGet,
 	opAdd:        (*srvConn).handleAdd,
-	opCheck:      (*srvConn).handleCheck,
-	opWait:       (*srvConn).handleWait,
-	opNumKeys:    (*srvConn).handleNumKeys,
+	opCheck:      withKeys((*serverState).check),
+	opWait:       withKeys((*serverState).wait),
+	opNumKeys:    bare((*serverState).numKeys),
 	opWatchKey:   (*srvConn).handleWatchKey,
-	opDeleteKey:  (*srvConn).handleDeleteKey,
+	opDeleteKey:  withKeyB((*serverState).deleteKey),
 	opAppend:     (*srvConn).handleAppend,
 	opMultiGet:   (*srvConn).handleMultiGet,
 	opMultiSet:   (*srvConn).handleMultiSet,
-	opCancelWait: (*srvConn).handleCancelWait,
+	opCancelWait: bare((*serverState).cancelWait),
 	opPing:       (*srvConn).handlePing,
 	opQueuePush:  (*srvConn).handleQueuePush,
-	opQueuePop:   (*srvConn).handleQueuePop,
-	opQueueLen:   (*srvConn).handleQueueLen,
-	opListKeys:   (*srvConn).handleListKeys,
+	opQueuePop:   withKey((*serverState).queuePop),
+	opQueueLen:   withKey((*serverState).queueLen),
+	opListKeys:   bare((*serverState).listKeys),
 }
 
 // handleOne reads and executes one request. An error ends the connection.
@@ -39,6 +41,52 @@ func (c *srvConn) handleOne() error {
 		return h(c)
 	}
 	return fmt.Errorf("%w: unknown query code %d (0x%02x) for dialect %s", errMalformed, code, code, c.dialect)
+}
+
+// bare is the handler of an op without fields.
+func bare(run func(*serverState, *session)) func(*srvConn) error {
+	return func(c *srvConn) error {
+		run(c.st, &c.session)
+		return nil
+	}
+}
+
+// withKey is the handler of an op whose one field is a key that the state
+// keeps (a queue name).
+func withKey(run func(*serverState, *session, string)) func(*srvConn) error {
+	return func(c *srvConn) error {
+		k, err := c.key()
+		if err != nil {
+			return err
+		}
+		run(c.st, &c.session, k)
+		return nil
+	}
+}
+
+// withKeyB is the handler of an op whose one field is a key that the state
+// only looks up: it is read into scratch, without an allocation.
+func withKeyB(run func(*serverState, *session, []byte)) func(*srvConn) error {
+	return func(c *srvConn) error {
+		k, err := c.keyB()
+		if err != nil {
+			return err
+		}
+		run(c.st, &c.session, k)
+		return nil
+	}
+}
+
+// withKeys is the handler of an op whose field is a key list (CHECK, WAIT).
+func withKeys(run func(*serverState, *session, [][]byte)) func(*srvConn) error {
+	return func(c *srvConn) error {
+		keys, err := c.keysB()
+		if err != nil {
+			return err
+		}
+		run(c.st, &c.session, keys)
+		return nil
+	}
 }
 
 func (c *srvConn) handleSet() error {
@@ -95,38 +143,6 @@ func (c *srvConn) handleAdd() error {
 	return nil
 }
 
-func (c *srvConn) handleCheck() error {
-	keys, err := c.keysB()
-	if err != nil {
-		return err
-	}
-	c.st.check(&c.session, keys)
-	return nil
-}
-
-func (c *srvConn) handleWait() error {
-	keys, err := c.keysB()
-	if err != nil {
-		return err
-	}
-	c.st.wait(&c.session, keys)
-	return nil
-}
-
-func (c *srvConn) handleNumKeys() error {
-	c.st.numKeys(&c.session)
-	return nil
-}
-
-func (c *srvConn) handleDeleteKey() error {
-	k, err := c.keyB()
-	if err != nil {
-		return err
-	}
-	c.st.deleteKey(&c.session, k)
-	return nil
-}
-
 func (c *srvConn) handleAppend() error {
 	k, v, err := c.keyValue()
 	if err != nil {
@@ -170,11 +186,6 @@ func (c *srvConn) handleMultiSet() error {
 	return nil
 }
 
-func (c *srvConn) handleCancelWait() error {
-	c.st.cancelWait(&c.session)
-	return nil
-}
-
 func (c *srvConn) handlePing() error {
 	n, err := c.rd.u32()
 	if err != nil {
@@ -192,29 +203,6 @@ func (c *srvConn) handleQueuePush() error {
 		return err
 	}
 	flushAll(c.st.queuePush(k, v))
-	return nil
-}
-
-func (c *srvConn) handleQueuePop() error {
-	k, err := c.key()
-	if err != nil {
-		return err
-	}
-	c.st.queuePop(&c.session, k)
-	return nil
-}
-
-func (c *srvConn) handleQueueLen() error {
-	k, err := c.key()
-	if err != nil {
-		return err
-	}
-	c.st.queueLen(&c.session, k)
-	return nil
-}
-
-func (c *srvConn) handleListKeys() error {
-	c.st.listKeys(&c.session)
 	return nil
 }
 

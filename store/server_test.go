@@ -84,10 +84,7 @@ func req(code byte, fields ...any) []byte {
 		case uint64:
 			b = appendU64(b, v)
 		case []string:
-			b = appendU64(b, uint64(len(v)))
-			for _, k := range v {
-				b = appendStr(b, k)
-			}
+			b = appendKeys(b, v)
 		}
 	}
 	return b

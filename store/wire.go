@@ -255,6 +255,16 @@ func appendStr[S string | []byte](b []byte, s S) []byte {
 	return append(appendU64(b, uint64(len(s))), s...)
 }
 
+// appendKeys encodes the key list of CHECK, WAIT and MULTI_GET: a count,
+// then each key.
+func appendKeys(b []byte, keys []string) []byte {
+	b = appendU64(b, uint64(len(keys)))
+	for _, k := range keys {
+		b = appendStr(b, k)
+	}
+	return b
+}
+
 // parseStoll parses a decimal integer the way C++ std::stoll does: leading
 // white space and a sign are accepted, trailing bytes after the digits are
 // ignored, and no digits or an overflow is an error.
