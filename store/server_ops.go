@@ -4,30 +4,30 @@ import "fmt"
 
 // handlers maps each op to the function that reads its fields from the
 // connection and runs it on the server state: a handle method, or, for an
-// op whose only fields are keys, an adapter (bare, withKey, withKeyB,
-// withKeys) around the state's method. A nil entry (opInvalid) is an
-// unknown code. Both engines run requests through handleOne, so they
-// parse and answer alike byte for byte; frameLen mirrors the field reads
-// here, and FuzzFrameLen holds the two together.
+// op with no field or one key field, an adapter (bare, withField) around
+// the state's method. A nil entry (opInvalid) is an unknown code. Both
+// engines run requests through handleOne, so they parse and answer alike
+// byte for byte; frameLen mirrors the field reads here, and FuzzFrameLen
+// holds the two together.
 var handlers = [...]func(*srvConn) error{
 	opValidate:   (*srvConn).handleValidate,
 	opSet:        (*srvConn).handleSet,
 	opCompareSet: (*srvConn).handleCompareSet,
 	opGet:        (*srvConn).handleGet,
 	opAdd:        (*srvConn).handleAdd,
-	opCheck:      withKeys((*serverState).check),
-	opWait:       withKeys((*serverState).wait),
+	opCheck:      withField((*srvConn).keysB, (*serverState).check),
+	opWait:       withField((*srvConn).keysB, (*serverState).wait),
 	opNumKeys:    bare((*serverState).numKeys),
 	opWatchKey:   (*srvConn).handleWatchKey,
-	opDeleteKey:  withKeyB((*serverState).deleteKey),
+	opDeleteKey:  withField((*srvConn).keyB, (*serverState).deleteKey),
 	opAppend:     (*srvConn).handleAppend,
 	opMultiGet:   (*srvConn).handleMultiGet,
 	opMultiSet:   (*srvConn).handleMultiSet,
 	opCancelWait: bare((*serverState).cancelWait),
 	opPing:       (*srvConn).handlePing,
 	opQueuePush:  (*srvConn).handleQueuePush,
-	opQueuePop:   withKey((*serverState).queuePop),
-	opQueueLen:   withKey((*serverState).queueLen),
+	opQueuePop:   withField((*srvConn).key, (*serverState).queuePop),
+	opQueueLen:   withField((*srvConn).key, (*serverState).queueLen),
 	opListKeys:   bare((*serverState).listKeys),
 }
 
@@ -51,40 +51,16 @@ func bare(run func(*serverState, *session)) func(*srvConn) error {
 	}
 }
 
-// withKey is the handler of an op whose one field is a key that the state
-// keeps (a queue name).
-func withKey(run func(*serverState, *session, string)) func(*srvConn) error {
+// withField is the handler of an op with one field, which read reads: a
+// key that the state keeps (key), a key that it only looks up, read into
+// scratch without an allocation (keyB), or a key list (keysB).
+func withField[F any](read func(*srvConn) (F, error), run func(*serverState, *session, F)) func(*srvConn) error {
 	return func(c *srvConn) error {
-		k, err := c.key()
+		f, err := read(c)
 		if err != nil {
 			return err
 		}
-		run(c.st, &c.session, k)
-		return nil
-	}
-}
-
-// withKeyB is the handler of an op whose one field is a key that the state
-// only looks up: it is read into scratch, without an allocation.
-func withKeyB(run func(*serverState, *session, []byte)) func(*srvConn) error {
-	return func(c *srvConn) error {
-		k, err := c.keyB()
-		if err != nil {
-			return err
-		}
-		run(c.st, &c.session, k)
-		return nil
-	}
-}
-
-// withKeys is the handler of an op whose field is a key list (CHECK, WAIT).
-func withKeys(run func(*serverState, *session, [][]byte)) func(*srvConn) error {
-	return func(c *srvConn) error {
-		keys, err := c.keysB()
-		if err != nil {
-			return err
-		}
-		run(c.st, &c.session, keys)
+		run(c.st, &c.session, f)
 		return nil
 	}
 }
