@@ -1,8 +1,6 @@
 package cuda
 
 /*
-#cgo LDFLAGS: -ldl
-#include <stdlib.h>
 #include "dl.h"
 */
 import "C"
@@ -10,10 +8,10 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/gocoll/gocoll/internal/dl"
 )
 
 // LibraryEnv names the environment variable that points at libcuda.
@@ -59,15 +57,18 @@ func check(call string, r C.CUresult) error {
 var loader struct {
 	once sync.Once
 	err  error
-	path string
+	lib  *dl.Library
 }
 
-// candidates lists the paths Load tries, in order.
-func candidates() []string {
-	if p := os.Getenv(LibraryEnv); p != "" {
-		return []string{p}
+// spec says where Load looks for libcuda and which entry points it binds:
+// those of dl.c's table.
+func spec() dl.Spec {
+	syms := make([]dl.Symbol, int(C.gc_sym_count()))
+	for i := range syms {
+		syms[i] = dl.Symbol{Name: C.GoString(C.gc_sym_name(C.int(i))), Optional: C.gc_sym_required(C.int(i)) == 0}
 	}
-	return []string{"libcuda.so.1", "libcuda.so", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"}
+	return dl.Spec{What: "the CUDA driver library libcuda.so.1", Env: LibraryEnv, Symbols: syms,
+		Candidates: []string{"libcuda.so.1", "libcuda.so", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"}}
 }
 
 // Load opens libcuda (GOCOLL_CUDA_LIBRARY, else the soname) and calls
@@ -76,29 +77,24 @@ func candidates() []string {
 // variable that points to it.
 func Load() error {
 	loader.once.Do(func() {
-		var tried []string
-		for _, p := range candidates() {
-			cp := C.CString(p)
-			var buf [512]C.char
-			r := C.gc_load(cp, &buf[0], C.size_t(len(buf)))
-			C.free(unsafe.Pointer(cp))
-			if r == 0 {
-				loader.path = p
-				return
-			}
-			msg := C.GoString(&buf[0])
-			if r > 0 { // the library loaded but cuInit failed: no device or driver trouble
-				if r == 100 {
-					loader.err = fmt.Errorf("%w: %w: %s", ErrUnavailable, ErrNoDevice, msg)
-				} else {
-					loader.err = fmt.Errorf("%w: %s", ErrUnavailable, msg)
-				}
-				return
-			}
-			tried = append(tried, msg)
+		lib, err := dl.Open(spec())
+		if err != nil {
+			loader.err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+			return
 		}
-		loader.err = fmt.Errorf("%w: cannot load the CUDA driver library libcuda.so.1 (set %s to its path): %s",
-			ErrUnavailable, LibraryEnv, strings.Join(tried, "; "))
+		addrs := lib.Addrs()
+		C.gc_bind((*C.uintptr_t)(unsafe.Pointer(&addrs[0])))
+		// The library loaded but cuInit failed: no device, or driver trouble.
+		if r := C.gc_init(); r != 0 {
+			msg := fmt.Sprintf("cuInit: %s (%d)", C.GoString(C.gc_error_name(r)), int(r))
+			if r == 100 { // CUDA_ERROR_NO_DEVICE
+				loader.err = fmt.Errorf("%w: %w: %s", ErrUnavailable, ErrNoDevice, msg)
+			} else {
+				loader.err = fmt.Errorf("%w: %s", ErrUnavailable, msg)
+			}
+			return
+		}
+		loader.lib = lib
 	})
 	return loader.err
 }
@@ -108,22 +104,17 @@ func LibraryPath() string {
 	if Load() != nil {
 		return ""
 	}
-	return loader.path
+	return loader.lib.Path()
 }
 
 // Symbol returns the address of a libcuda entry point, for C code in other
 // packages (the NCCL backend) that calls the driver inside its own helpers.
+// The error names the symbol, the library and LibraryEnv.
 func Symbol(name string) (uintptr, error) {
 	if err := Load(); err != nil {
 		return 0, err
 	}
-	cn := C.CString(name)
-	defer C.free(unsafe.Pointer(cn))
-	p := C.gc_sym(cn)
-	if p == nil {
-		return 0, fmt.Errorf("cuda: symbol %s not found in %s", name, loader.path)
-	}
-	return uintptr(p), nil
+	return loader.lib.Lookup(name)
 }
 
 // DriverVersion returns the driver's CUDA version, 1000*major + 10*minor.

@@ -1,10 +1,6 @@
 // Run-time binding of libcuda.so.1. See dl.h.
 #include "dl.h"
 
-#include <dlfcn.h>
-#include <stdio.h>
-#include <string.h>
-
 // X(field, symbol, required, return, params)
 #define GC_SYMS(X)                                                                        \
 	X(cuInit, "cuInit", 1, CUresult, (unsigned))                                          \
@@ -67,38 +63,28 @@
 #define GC_DECL(f, s, req, ret, params) static ret(*p_##f) params;
 GC_SYMS(GC_DECL)
 
-static void *gc_handle;
+// The symbol table that internal/dl resolves: names and whether each is
+// required, in GC_SYMS order; gc_bind takes the addresses back.
+enum {
+#define GC_INDEX(f, s, req, ret, params) GC_I_##f,
+	GC_SYMS(GC_INDEX) GC_NSYMS
+};
+#define GC_NAME(f, s, req, ret, params) s,
+static const char *const gc_names[] = {GC_SYMS(GC_NAME)};
+#define GC_REQ(f, s, req, ret, params) req,
+static const int gc_required[] = {GC_SYMS(GC_REQ)};
 
-int gc_load(const char *path, char *err, size_t errlen) {
-	if (gc_handle) return 0;
-	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		const char *e = dlerror();
-		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
-		return -1;
-	}
-#define GC_LOAD(f, s, req, ret, params)                                          \
-	p_##f = (ret(*) params)dlsym(h, s);                                          \
-	if (!p_##f && req) {                                                         \
-		snprintf(err, errlen, "%s: symbol %s not found", path, s);              \
-		dlclose(h);                                                              \
-		return -1;                                                               \
-	}
-	GC_SYMS(GC_LOAD)
+int gc_sym_count(void) { return GC_NSYMS; }
+const char *gc_sym_name(int i) { return gc_names[i]; }
+int gc_sym_required(int i) { return gc_required[i]; }
+
+void gc_bind(const uintptr_t *addrs) {
+#define GC_BIND(f, s, req, ret, params) p_##f = (ret(*) params)(void *)addrs[GC_I_##f];
+	GC_SYMS(GC_BIND)
 	if (!p_cuEventElapsedTime) p_cuEventElapsedTime = p_cuEventElapsedTimeV1;
-	CUresult r = p_cuInit(0);
-	if (r != 0) {
-		const char *name = "?";
-		p_cuGetErrorName(r, &name);
-		snprintf(err, errlen, "cuInit: %s (%d)", name ? name : "?", r);
-		return r;
-	}
-	gc_handle = h;
-	return 0;
 }
 
-void *gc_sym(const char *name) { return gc_handle ? dlsym(gc_handle, name) : NULL; }
-int gc_has(const char *name) { return gc_sym(name) != NULL; }
+CUresult gc_init(void) { return p_cuInit(0); }
 
 const char *gc_error_name(CUresult r) {
 	const char *s = NULL;

@@ -1,6 +1,6 @@
 // Hand-written declarations of the CUDA driver API subset that gocoll uses,
 // from reference/nccl-cuda-abi.md (no NVIDIA header is needed to build).
-// The library is opened with dlopen; every entry point is called through a
+// The library is opened at run time (internal/dl); every entry point is called through a
 // trampoline that first makes the caller's primary context current, because
 // a Go goroutine can move to another OS thread between two cgo calls.
 #ifndef GOCOLL_CUDA_DL_H
@@ -18,11 +18,15 @@ typedef struct CUevent_st *CUevent;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
 
-// gc_load opens path, resolves every symbol and calls cuInit(0). It returns 0
-// on success; otherwise it writes the reason into err (size errlen).
-int gc_load(const char *path, char *err, size_t errlen);
-void *gc_sym(const char *name);
-int gc_has(const char *name);
+// The entry points gocoll binds, for internal/dl to resolve: gc_sym_count
+// of them, each with its name and whether it is required. gc_bind takes
+// their addresses in that order (0 for a missing optional one); gc_init
+// then calls cuInit(0).
+int gc_sym_count(void);
+const char *gc_sym_name(int i);
+int gc_sym_required(int i);
+void gc_bind(const uintptr_t *addrs);
+CUresult gc_init(void);
 
 const char *gc_error_name(CUresult r);
 const char *gc_error_string(CUresult r);
