@@ -1,21 +1,19 @@
 package nccl
 
 /*
-#cgo LDFLAGS: -ldl
-#include <stdlib.h>
 #include "nccl_dl.h"
 */
 import "C"
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"unsafe"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/internal/dl"
 )
 
 // LibraryEnv names the environment variable that points at libnccl.
@@ -63,17 +61,25 @@ func result(call string, r C.int) error {
 var lib struct {
 	once    sync.Once
 	err     error
-	path    string
+	dl      *dl.Library
 	version int
 }
 
-func ncclCandidates() []string {
-	if p := os.Getenv(LibraryEnv); p != "" {
-		return []string{p}
+// spec says where Load looks for libnccl and which entry points it binds:
+// those of nccl_dl.c's table.
+func spec() dl.Spec {
+	syms := make([]dl.Symbol, int(C.gn_sym_count()))
+	for i := range syms {
+		syms[i] = dl.Symbol{Name: C.GoString(C.gn_sym_name(C.int(i))), Optional: C.gn_sym_required(C.int(i)) == 0}
 	}
-	return []string{"libnccl.so.2", "libnccl.so", "/usr/lib/x86_64-linux-gnu/libnccl.so.2",
-		"/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"}
+	return dl.Spec{What: "the NCCL library libnccl.so.2", Env: LibraryEnv, Symbols: syms,
+		Candidates: []string{"libnccl.so.2", "libnccl.so", "/usr/lib/x86_64-linux-gnu/libnccl.so.2",
+			"/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"}}
 }
+
+// cudaSyms are the driver entry points that nccl_dl.c calls around NCCL
+// (gn_set_cuda's parameters, in order).
+var cudaSyms = [...]string{"cuCtxGetCurrent", "cuCtxSetCurrent", "cuEventRecord", "cuStreamWaitEvent", "cuStreamIsCapturing"}
 
 // Load opens libcuda and libnccl (GOCOLL_NCCL_LIBRARY, else the soname). The
 // error wraps backend.ErrUnavailable and names the library and its variable.
@@ -83,8 +89,8 @@ func Load() error {
 			lib.err = fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
 			return
 		}
-		var ptrs [5]uintptr
-		for i, name := range []string{"cuCtxGetCurrent", "cuCtxSetCurrent", "cuEventRecord", "cuStreamWaitEvent", "cuStreamIsCapturing"} {
+		var ptrs [len(cudaSyms)]uintptr
+		for i, name := range cudaSyms {
 			p, err := cuda.Symbol(name)
 			if err != nil {
 				lib.err = fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
@@ -93,26 +99,20 @@ func Load() error {
 			ptrs[i] = p
 		}
 		C.gn_set_cuda(C.uintptr_t(ptrs[0]), C.uintptr_t(ptrs[1]), C.uintptr_t(ptrs[2]), C.uintptr_t(ptrs[3]), C.uintptr_t(ptrs[4]))
-		var tried []string
-		for _, p := range ncclCandidates() {
-			cp := C.CString(p)
-			var buf [512]C.char
-			r := C.gn_load(cp, &buf[0], C.size_t(len(buf)))
-			C.free(unsafe.Pointer(cp))
-			if r == 0 {
-				lib.path = p
-				var v C.int
-				C.gn_version(&v)
-				lib.version = int(v)
-				if lib.version < 21800 {
-					lib.err = fmt.Errorf("%w: %s is NCCL %d; gocoll needs 2.18 or newer (set %s)", backend.ErrUnavailable, p, lib.version, LibraryEnv)
-				}
-				return
-			}
-			tried = append(tried, C.GoString(&buf[0]))
+		l, err := dl.Open(spec())
+		if err != nil {
+			lib.err = fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
+			return
 		}
-		lib.err = fmt.Errorf("%w: cannot load the NCCL library libnccl.so.2 (set %s to its path): %s",
-			backend.ErrUnavailable, LibraryEnv, strings.Join(tried, "; "))
+		addrs := l.Addrs()
+		C.gn_bind((*C.uintptr_t)(unsafe.Pointer(&addrs[0])))
+		lib.dl = l
+		var v C.int
+		C.gn_version(&v)
+		lib.version = int(v)
+		if lib.version < 21800 {
+			lib.err = fmt.Errorf("%w: %s is NCCL %d; gocoll needs 2.18 or newer (set %s)", backend.ErrUnavailable, l.Path(), lib.version, LibraryEnv)
+		}
 	})
 	return lib.err
 }
@@ -138,15 +138,11 @@ func LibraryPath() string {
 	if Load() != nil {
 		return ""
 	}
-	return lib.path
+	return lib.dl.Path()
 }
 
 // hasSymbol reports whether the loaded NCCL exports name.
-func hasSymbol(name string) bool {
-	cn := C.CString(name)
-	defer C.free(unsafe.Pointer(cn))
-	return C.gn_has(cn) != 0
-}
+func hasSymbol(name string) bool { return lib.dl != nil && lib.dl.Has(name) }
 
 // configLayout returns sizeof and the field offsets of the hand-declared
 // ncclConfig_t, for the ABI test.

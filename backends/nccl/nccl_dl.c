@@ -1,49 +1,46 @@
 // Run-time binding of libnccl.so.2. See nccl_dl.h.
 #include "nccl_dl.h"
 
-#include <dlfcn.h>
 #include <limits.h>
-#include <stdio.h>
-#include <string.h>
 
 typedef int CUresult;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 
-// X(field, symbol, required, params)
-#define GN_SYMS(X)                                                                                   \
-	X(ncclGetVersion, 1, (int *))                                                                    \
-	X(ncclGetUniqueId, 1, (ncclUniqueId *))                                                          \
-	X(ncclCommInitRankConfig, 1, (ncclComm_t *, int, ncclUniqueId, int, gn_config *))                \
-	X(ncclCommInitRankScalable, 0, (ncclComm_t *, int, int, int, ncclUniqueId *, gn_config *))       \
-	X(ncclCommSplit, 0, (ncclComm_t, int, int, ncclComm_t *, gn_config *))                           \
-	X(ncclCommFinalize, 1, (ncclComm_t))                                                             \
-	X(ncclCommDestroy, 1, (ncclComm_t))                                                              \
-	X(ncclCommAbort, 1, (ncclComm_t))                                                                \
-	X(ncclCommGetAsyncError, 1, (ncclComm_t, ncclResult_t *))                                        \
-	X(ncclCommCount, 1, (const ncclComm_t, int *))                                                   \
-	X(ncclCommCuDevice, 1, (const ncclComm_t, int *))                                                \
-	X(ncclCommUserRank, 1, (const ncclComm_t, int *))                                                \
-	X(ncclRedOpCreatePreMulSum, 1, (ncclRedOp_t *, void *, ncclDataType_t, int, ncclComm_t))         \
-	X(ncclRedOpDestroy, 1, (ncclRedOp_t, ncclComm_t))                                                \
-	X(ncclAllReduce, 1, (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, CUstream)) \
-	X(ncclBroadcast, 1, (const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, CUstream))   \
-	X(ncclReduce, 1, (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, CUstream)) \
-	X(ncclAllGather, 1, (const void *, void *, size_t, ncclDataType_t, ncclComm_t, CUstream))        \
-	X(ncclReduceScatter, 1, (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, CUstream)) \
-	X(ncclSend, 1, (const void *, size_t, ncclDataType_t, int, ncclComm_t, CUstream))                \
-	X(ncclRecv, 1, (void *, size_t, ncclDataType_t, int, ncclComm_t, CUstream))                      \
-	X(ncclAlltoAll, 0, (const void *, void *, size_t, ncclDataType_t, ncclComm_t, CUstream))         \
-	X(ncclGather, 0, (const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, CUstream))      \
-	X(ncclScatter, 0, (const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, CUstream))     \
-	X(ncclGroupStart, 1, (void))                                                                     \
-	X(ncclGroupEnd, 1, (void))
+// X(symbol, required, return type, params)
+#define GN_SYMS(X)                                                                                                         \
+	X(ncclGetVersion, 1, ncclResult_t, (int *))                                                                               \
+	X(ncclGetUniqueId, 1, ncclResult_t, (ncclUniqueId *))                                                                     \
+	X(ncclCommInitRankConfig, 1, ncclResult_t, (ncclComm_t *, int, ncclUniqueId, int, gn_config *))                           \
+	X(ncclCommInitRankScalable, 0, ncclResult_t, (ncclComm_t *, int, int, int, ncclUniqueId *, gn_config *))                  \
+	X(ncclCommSplit, 0, ncclResult_t, (ncclComm_t, int, int, ncclComm_t *, gn_config *))                                      \
+	X(ncclCommFinalize, 1, ncclResult_t, (ncclComm_t))                                                                        \
+	X(ncclCommDestroy, 1, ncclResult_t, (ncclComm_t))                                                                         \
+	X(ncclCommAbort, 1, ncclResult_t, (ncclComm_t))                                                                           \
+	X(ncclCommGetAsyncError, 1, ncclResult_t, (ncclComm_t, ncclResult_t *))                                                   \
+	X(ncclCommCount, 1, ncclResult_t, (const ncclComm_t, int *))                                                              \
+	X(ncclCommCuDevice, 1, ncclResult_t, (const ncclComm_t, int *))                                                           \
+	X(ncclCommUserRank, 1, ncclResult_t, (const ncclComm_t, int *))                                                           \
+	X(ncclRedOpCreatePreMulSum, 1, ncclResult_t, (ncclRedOp_t *, void *, ncclDataType_t, int, ncclComm_t))                    \
+	X(ncclRedOpDestroy, 1, ncclResult_t, (ncclRedOp_t, ncclComm_t))                                                           \
+	X(ncclAllReduce, 1, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, CUstream))      \
+	X(ncclBroadcast, 1, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, CUstream))              \
+	X(ncclReduce, 1, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, CUstream))    \
+	X(ncclAllGather, 1, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, ncclComm_t, CUstream))                   \
+	X(ncclReduceScatter, 1, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, CUstream))  \
+	X(ncclSend, 1, ncclResult_t, (const void *, size_t, ncclDataType_t, int, ncclComm_t, CUstream))                           \
+	X(ncclRecv, 1, ncclResult_t, (void *, size_t, ncclDataType_t, int, ncclComm_t, CUstream))                                 \
+	X(ncclAlltoAll, 0, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, ncclComm_t, CUstream))                    \
+	X(ncclGather, 0, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, CUstream))                 \
+	X(ncclScatter, 0, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, CUstream))                \
+	X(ncclGroupStart, 1, ncclResult_t, (void))                                                                                \
+	X(ncclGroupEnd, 1, ncclResult_t, (void))                                                                                  \
+	X(ncclGetErrorString, 0, const char *, (ncclResult_t))                                                                    \
+	X(ncclGetLastError, 0, const char *, (ncclComm_t))
 
-#define GN_DECL(f, req, params) static ncclResult_t(*p_##f) params;
+#define GN_DECL(f, req, ret, params) static ret(*p_##f) params;
 GN_SYMS(GN_DECL)
-static const char *(*p_ncclGetErrorString)(ncclResult_t);
-static const char *(*p_ncclGetLastError)(ncclComm_t);
 
 static CUresult (*c_ctxGetCurrent)(CUcontext *);
 static CUresult (*c_ctxSetCurrent)(CUcontext);
@@ -51,28 +48,24 @@ static CUresult (*c_eventRecord)(CUevent, CUstream);
 static CUresult (*c_streamWaitEvent)(CUstream, CUevent, unsigned);
 static CUresult (*c_streamIsCapturing)(CUstream, int *);
 
-static void *gn_handle;
+// The symbol table that internal/dl resolves: names and whether each is
+// required, in GN_SYMS order; gn_bind takes the addresses back.
+enum {
+#define GN_INDEX(f, req, ret, params) GN_I_##f,
+	GN_SYMS(GN_INDEX) GN_NSYMS
+};
+#define GN_NAME(f, req, ret, params) #f,
+static const char *const gn_names[] = {GN_SYMS(GN_NAME)};
+#define GN_REQ(f, req, ret, params) req,
+static const int gn_required[] = {GN_SYMS(GN_REQ)};
 
-int gn_load(const char *path, char *err, size_t errlen) {
-	if (gn_handle) return 0;
-	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!h) {
-		const char *e = dlerror();
-		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
-		return -1;
-	}
-#define GN_LOAD(f, req, params)                                                  \
-	p_##f = (ncclResult_t(*) params)dlsym(h, #f);                                \
-	if (!p_##f && req) {                                                         \
-		snprintf(err, errlen, "%s: symbol %s not found", path, #f);             \
-		dlclose(h);                                                              \
-		return -1;                                                               \
-	}
-	GN_SYMS(GN_LOAD)
-	p_ncclGetErrorString = (const char *(*)(ncclResult_t))dlsym(h, "ncclGetErrorString");
-	p_ncclGetLastError = (const char *(*)(ncclComm_t))dlsym(h, "ncclGetLastError");
-	gn_handle = h;
-	return 0;
+int gn_sym_count(void) { return GN_NSYMS; }
+const char *gn_sym_name(int i) { return gn_names[i]; }
+int gn_sym_required(int i) { return gn_required[i]; }
+
+void gn_bind(const uintptr_t *addrs) {
+#define GN_BIND(f, req, ret, params) p_##f = (ret(*) params)(void *)addrs[GN_I_##f];
+	GN_SYMS(GN_BIND)
 }
 
 int gn_set_cuda(uintptr_t g, uintptr_t s, uintptr_t r, uintptr_t w, uintptr_t c) {
@@ -84,7 +77,6 @@ int gn_set_cuda(uintptr_t g, uintptr_t s, uintptr_t r, uintptr_t w, uintptr_t c)
 	return 0;
 }
 
-int gn_has(const char *name) { return gn_handle && dlsym(gn_handle, name) != NULL; }
 int gn_version(int *v) { return p_ncclGetVersion(v); }
 const char *gn_error_string(int r) { return p_ncclGetErrorString ? p_ncclGetErrorString(r) : "unknown NCCL error"; }
 const char *gn_last_error(void) { return p_ncclGetLastError ? p_ncclGetLastError(NULL) : ""; }

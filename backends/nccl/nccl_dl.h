@@ -1,6 +1,6 @@
 // Hand-written declarations of the NCCL 2.28 API subset gocoll uses, from
 // reference/nccl-cuda-abi.md; abi_test.go checks them against nccl.h where
-// that header exists. libnccl.so.2 is opened with dlopen at run time.
+// that header exists. libnccl.so.2 is opened at run time (internal/dl).
 #ifndef GOCOLL_NCCL_DL_H
 #define GOCOLL_NCCL_DL_H
 
@@ -53,9 +53,14 @@ enum {
 #define GN_CUDA_ERR 100000
 #define GN_CAPTURING (1 << 30)
 
-int gn_load(const char *path, char *err, size_t errlen);
+// The entry points gocoll binds, for internal/dl to resolve: gn_sym_count
+// of them, each with its name and whether it is required. gn_bind takes
+// their addresses in that order (0 for a missing optional one).
+int gn_sym_count(void);
+const char *gn_sym_name(int i);
+int gn_sym_required(int i);
+void gn_bind(const uintptr_t *addrs);
 int gn_set_cuda(uintptr_t getCurrent, uintptr_t setCurrent, uintptr_t eventRecord, uintptr_t streamWaitEvent, uintptr_t isCapturing);
-int gn_has(const char *name);
 int gn_version(int *v);
 const char *gn_error_string(int r);
 const char *gn_last_error(void);

@@ -239,7 +239,7 @@ func writePerf(t *testing.T, envs []*rankEnv, world int, layout string) {
 	}
 	var sb strings.Builder
 	name, _ := envs[0].dev.Name()
-	fmt.Fprintf(&sb, "allreduce float32 sum, in place, %d ranks (%s), %s, NCCL %s (%s); rank %d's view\n\n", world, layout, name, VersionString(lib.version), lib.path, envs[0].r)
+	fmt.Fprintf(&sb, "allreduce float32 sum, in place, %d ranks (%s), %s, NCCL %s (%s); rank %d's view\n\n", world, layout, name, VersionString(lib.version), LibraryPath(), envs[0].r)
 	sb.WriteString("Medians over the reps; the last column is sync minus raw in each rep, sorted.\n\n")
 	sb.WriteString("| bytes | reps | raw NCCL us/op | gocoll sync us/op | gocoll async+Wait us/op | raw host ns/call | gocoll sync host ns/call | gocoll async+Wait host ns/call | raw busbw GB/s | gocoll busbw GB/s | busbw ratio | sync - raw us per rep |\n")
 	sb.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
