@@ -45,10 +45,6 @@ import (
 // Name is the registered backend name.
 const Name = "nccl"
 
-// DefaultTimeout is the op timeout when neither the op nor the group gives
-// one (PyTorch's kProcessGroupNCCLDefaultTimeout).
-const DefaultTimeout = 10 * time.Minute
-
 const maxDevices = 64
 
 func init() {
@@ -132,9 +128,6 @@ func New(ctx context.Context, cfg backend.Config) (*Backend, error) {
 	}
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("%w: nccl: no store", backend.ErrInvalidArgument)
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultTimeout
 	}
 	b := &Backend{cfg: cfg, opts: opts, rank: cfg.Rank, size: cfg.WorldSize,
 		p2p: map[[2]int]*comm{}, stop: make(chan struct{}), wdDone: make(chan struct{}),

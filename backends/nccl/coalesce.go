@@ -74,15 +74,12 @@ func (b *Backend) EndCoalescing(ctx context.Context) (backend.Work, error) {
 	if err != nil {
 		return nil, b.wrapErr(cb.meta, err)
 	}
-	m := cb.meta
-	m.Op = coalescedOp(m.Op)
-	if len(cb.calls) == 1 {
-		return b.issue(ctx, m, c, cb.async, cb.ins, cb.outs, cb.calls[0])
+	w, err := b.launch(ctx, cb.meta, c, cb.async, cb.ins, cb.outs, cb.calls)
+	if err != nil {
+		return nil, err
 	}
-	return b.issueGroup(ctx, m, c, cb.async, cb.ins, cb.outs, cb.calls)
+	return w, nil
 }
-
-func coalescedOp(op backend.Op) backend.Op { return op }
 
 // Coalesce runs fn inside a coalescing block of c (a backend, or a process
 // group that implements backend.Coalescer) and returns the block's single

@@ -53,7 +53,7 @@ type rankEnv struct {
 
 func (e *rankEnv) meta(op backend.Op) backend.Meta {
 	e.seq++
-	return backend.Meta{Op: op, Seq: e.seq}
+	return backend.Meta{Op: op, Seq: e.seq, Timeout: e.b.cfg.Timeout}
 }
 
 // newRanks makes world ranks (default: every GPU) sharing a HashStore, each

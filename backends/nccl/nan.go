@@ -132,11 +132,11 @@ func (b *Backend) checkNaN(ctx context.Context, m backend.Meta, c *comm, cur *cu
 	if !launched {
 		return nil
 	}
-	wctx, cancel := context.WithTimeout(ctx, b.timeoutOf(m))
+	wctx, cancel := context.WithTimeout(ctx, opTimeout(m))
 	defer cancel()
 	if err := cur.SynchronizeContext(wctx); err != nil {
 		return &backend.OpError{Op: m.Op.String(), Seq: m.Seq, Rank: b.rank, Backend: Name, Kind: backend.ErrTimeout, Err: err,
-			Detail: "waiting for the NaN check of the inputs", Timeout: b.timeoutOf(m)}
+			Detail: "waiting for the NaN check of the inputs", Timeout: m.Timeout}
 	}
 	if atomic.LoadUint32(word) != 0 {
 		return &backend.OpError{Op: m.Op.String(), Seq: m.Seq, Rank: b.rank, Backend: Name, Kind: backend.ErrInvalidArgument, Err: ErrNaN,

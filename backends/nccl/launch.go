@@ -1,0 +1,250 @@
+package nccl
+
+/*
+#include "nccl_dl.h"
+*/
+import "C"
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// The launch path. Every op builds its NCCL calls and hands them to submit
+// (p2p and barrier pick their communicator first and call launch, as does
+// EndCoalescing); launch is the one place that makes a Work, orders the
+// streams, issues the calls, stashes the tensors and hands the Work to the
+// watchdog. A single call with elements takes the hot path: one cgo
+// crossing (gn_issue), and no Go allocation but the Work. Anything else is
+// one NCCL group on a locked OS thread.
+
+// noTimeout is what a Work compares against when its op has no timeout
+// (Meta.Timeout 0, from a caller that bypasses the dispatcher).
+const noTimeout = time.Duration(math.MaxInt64)
+
+// opTimeout returns the timeout of op m, which the dispatcher resolved
+// (the op's option, else the group's default). Zero means none.
+func opTimeout(m backend.Meta) time.Duration {
+	if m.Timeout > 0 {
+		return m.Timeout
+	}
+	return noTimeout
+}
+
+func (b *Backend) opError(m backend.Meta, kind error, err error) error {
+	return &backend.OpError{Op: m.Op.String(), Seq: m.Seq, Rank: b.rank, Backend: Name, Kind: kind, Err: err}
+}
+
+// wrapErr turns an internal error into an *OpError for op m.
+func (b *Backend) wrapErr(m backend.Meta, err error) error {
+	if err == nil {
+		return nil
+	}
+	if oe, ok := err.(*backend.OpError); ok {
+		if oe.Seq == 0 {
+			oe.Seq = m.Seq
+		}
+		if oe.Op == "" || oe.Op == "init" {
+			oe.Op = m.Op.String()
+		}
+		oe.Rank = b.rank
+		return oe
+	}
+	kind := backend.ErrAborted
+	for _, k := range []error{backend.ErrUnsupported, backend.ErrInvalidArgument, backend.ErrUnavailable, backend.ErrTimeout} {
+		if errorsIs(err, k) {
+			kind = k
+		}
+	}
+	return b.opError(m, kind, err)
+}
+
+// devOf is the CUDA device of an op's tensors. The dispatcher has checked
+// that they are contiguous CUDA tensors on one device; t is any of them.
+func devOf(t *tensor.Tensor) int { return t.Device().Index }
+
+// loadComm returns device dev's communicator if it exists: the lookup of
+// the hot path, without getComm's call.
+func (b *Backend) loadComm(dev int) *comm {
+	if uint(dev) < maxDevices {
+		return b.devComms[dev].Load()
+	}
+	return nil
+}
+
+// submit routes an op's calls on device dev: queued while coalescing, else
+// launched on the device's communicator.
+func (b *Backend) submit(ctx context.Context, m backend.Meta, dev int, async bool, ins, outs []*tensor.Tensor, calls []call) (backend.Work, error) {
+	if b.coalescing.Load() {
+		return nil, b.queue(ctx, m, dev, async, ins, outs, calls)
+	}
+	c := b.loadComm(dev)
+	if c == nil {
+		var err error
+		if c, err = b.getComm(ctx, dev); err != nil {
+			return nil, b.wrapErr(m, err)
+		}
+	}
+	w, err := b.launch(ctx, m, c, async, ins, outs, calls)
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// launch issues calls on c as one op with one Work, one sync event and one
+// end event. In sync mode the calls run on ctx's current stream; in async
+// mode on c's internal stream, which first waits on the current stream
+// through the sync event, and the tensors are stashed until Wait.
+//
+// Calls with a count of 0 never reach NCCL, as PyTorch's all2all skips
+// them: every rank has the same count for a collective, and a send/recv
+// pair has the same count on both sides, so every rank skips alike. In the
+// conftest world-2 run on NCCL 2.28.3, the first grouped send/recv (an
+// uneven list alltoall) after an ncclAlltoAll of count 0 on the same
+// communicator never completed, while the same alltoall on a fresh
+// communicator did. So a lone call of count 0 takes the group path, which
+// gives the op its events and Work without a call.
+func (b *Backend) launch(ctx context.Context, m backend.Meta, c *comm, async bool, ins, outs []*tensor.Tensor, calls []call) (*Work, error) {
+	if err := b.usable(m.Op); err != nil {
+		return nil, err
+	}
+	cur := cuda.StreamFor(ctx, c.dev)
+	if c.nan != nil {
+		if err := b.checkNaN(ctx, m, c, cur, calls); err != nil {
+			return nil, err
+		}
+	}
+	w := &Work{b: b, c: c, op: m.Op, seq: m.Seq, timeout: opTimeout(m), async: async, outputs: outs, timing: b.opts.EnableTiming}
+	w.stream = cur
+	syncEv := uintptr(0)
+	if async {
+		w.stream, syncEv = c.stream, c.syncEv.Handle()
+	}
+	var captured bool
+	var err error
+	if len(calls) == 1 && calls[0].count > 0 {
+		captured, err = b.launchOne(ctx, c, w, cur, syncEv, calls[0])
+	} else {
+		captured, err = b.launchGroup(ctx, c, w, cur, syncEv, calls)
+	}
+	if err != nil {
+		return nil, b.wrapErr(m, err)
+	}
+	if async && !b.opts.DisableStash {
+		w.stashTensors(ins)
+		w.stashTensors(outs)
+	}
+	if captured {
+		// Captured into a graph: nothing ran, so the watchdog must not
+		// watch it (ProcessGroupNCCL skips workEnqueue the same way).
+		b.enqueueCaptured(w)
+		return w, nil
+	}
+	b.enqueue(w)
+	return w, nil
+}
+
+// launchOne is the hot path: one cgo crossing (gn_issue) records the sync
+// event, makes w's stream wait, records the start event, calls NCCL and
+// records the end event. It reports whether cur is being captured.
+func (b *Backend) launchOne(ctx context.Context, c *comm, w *Work, cur *cuda.Stream, syncEv uintptr, k call) (bool, error) {
+	c.mu.Lock()
+	end, err := c.event(w.timing) // cuEventElapsedTime needs both ends timed
+	if err == nil && w.timing {
+		w.start, err = c.event(true)
+	}
+	if err != nil {
+		c.mu.Unlock()
+		return false, err
+	}
+	w.end = end
+	w.enq = time.Now()
+	r := C.gn_issue(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(w.stream.Handle()), C.uintptr_t(cur.Handle()),
+		C.uintptr_t(syncEv), C.uintptr_t(eventHandle(w.start)), C.uintptr_t(end.Handle()), k.kind,
+		C.uintptr_t(k.send), C.uintptr_t(k.recv), C.size_t(k.count), k.dt, k.op, C.uint64_t(k.scalar), C.int(k.root))
+	c.mu.Unlock()
+	if err := result(opCallName(k.kind), r); err != nil {
+		return false, err
+	}
+	if r&^C.GN_CAPTURING == ncclInProgress {
+		// Nonblocking communicator: the launch finishes in the background;
+		// record the end event only once it has.
+		if err := c.waitReady(ctx, opCallName(k.kind), w.timeout); err != nil {
+			return false, err
+		}
+		if err := result("cuEventRecord", C.gn_post(C.uintptr_t(c.ctx), C.uintptr_t(w.stream.Handle()), C.uintptr_t(end.Handle()))); err != nil {
+			return false, err
+		}
+	}
+	return r&C.GN_CAPTURING != 0, nil
+}
+
+// launchGroup runs calls as one NCCL group (collectiveCoalesced) on one
+// locked OS thread, since NCCL's group state is thread-local. It reports
+// whether cur is being captured.
+func (b *Backend) launchGroup(ctx context.Context, c *comm, w *Work, cur *cuda.Stream, syncEv uintptr, calls []call) (bool, error) {
+	unlock := lockThread()
+	defer unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	end, err := c.event(w.timing)
+	if err != nil {
+		return false, err
+	}
+	w.end = end
+	if w.timing {
+		if w.start, err = c.event(true); err != nil {
+			return false, err
+		}
+	}
+	w.enq = time.Now()
+	nstream := C.uintptr_t(w.stream.Handle())
+	r := C.gn_pre(C.uintptr_t(c.ctx), nstream, C.uintptr_t(cur.Handle()), C.uintptr_t(syncEv), C.uintptr_t(eventHandle(w.start)))
+	captured := r&C.GN_CAPTURING != 0
+	if err := result("cuEventRecord", r); err != nil {
+		return false, err
+	}
+	if err := result("ncclGroupStart", C.gn_group_start()); err != nil {
+		return false, err
+	}
+	var callErr error
+	for _, k := range calls {
+		if k.count == 0 {
+			continue
+		}
+		r := C.gn_issue_nosync(C.uintptr_t(c.handle), nstream, k.kind, C.uintptr_t(k.send), C.uintptr_t(k.recv),
+			C.size_t(k.count), k.dt, k.op, C.uint64_t(k.scalar), C.int(k.root))
+		if callErr = result(opCallName(k.kind), r); callErr != nil {
+			break
+		}
+	}
+	r = C.gn_group_end()
+	if callErr != nil {
+		return false, callErr
+	}
+	if err := result("ncclGroupEnd", r); err != nil {
+		return false, err
+	}
+	if r == ncclInProgress {
+		if err := c.waitReady(ctx, "ncclGroupEnd", w.timeout); err != nil {
+			return false, err
+		}
+	}
+	if err := result("cuEventRecord", C.gn_post(C.uintptr_t(c.ctx), nstream, C.uintptr_t(w.end.Handle()))); err != nil {
+		return false, err
+	}
+	return captured, nil
+}
+
+func eventHandle(e *cuda.Event) uintptr {
+	if e == nil {
+		return 0
+	}
+	return e.Handle()
+}
