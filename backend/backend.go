@@ -50,9 +50,13 @@ type Coalescer interface {
 // Meta is what the dispatcher tells a backend about one op besides its
 // arguments.
 type Meta struct {
-	Op      Op            // which op
-	Seq     uint64        // the op's number in its counter (collective or p2p)
-	Timeout time.Duration // resolved timeout: the option, or the group default
+	Op  Op     // which op
+	Seq uint64 // the op's number in its counter (collective or p2p)
+	// Timeout is the op's timeout, resolved once, by the dispatcher: the
+	// op's option, else the group's default. Backends use it as is and
+	// resolve nothing. Zero, which only a caller that bypasses the
+	// dispatcher passes (a backend's own tests), means no timeout.
+	Timeout time.Duration
 }
 
 // Config is what a backend is constructed with.
@@ -67,7 +71,9 @@ type Config struct {
 	GroupName string
 	// GroupDesc is a human description ("default_pg", "default_pg:split:0").
 	GroupDesc string
-	// Timeout is the default op timeout.
+	// Timeout is the group's default op timeout, for bounds of the
+	// backend's own (such as cpupool's connect timeout). An op's timeout
+	// comes in its Meta.
 	Timeout time.Duration
 	// Device, when set, asks for eager initialisation on that device.
 	Device *tensor.Device

@@ -489,17 +489,6 @@ func sizeMismatch(err error) bool {
 	return errors.Is(err, tcpmesh.ErrSize) || errors.As(err, &ce)
 }
 
-// timeoutOf resolves an op's timeout: the dispatcher's, the option's, the
-// group's, then 30 minutes (PyTorch's default).
-func (b *Backend) timeoutOf(m backend.Meta, opt time.Duration) time.Duration {
-	for _, d := range []time.Duration{m.Timeout, opt, b.cfg.Timeout} {
-		if d > 0 {
-			return d
-		}
-	}
-	return 30 * time.Minute
-}
-
 func (b *Backend) usable(op backend.Op, seq uint64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -520,9 +509,18 @@ func kindOf(err error) error {
 }
 
 // newJob builds the job and Work of an op; the caller takes the tag.
-func (b *Backend) newJob(ctx context.Context, op backend.Op, m backend.Meta, opt time.Duration, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) *job {
-	to := b.timeoutOf(m, opt)
-	jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), to)
+// The job runs under m.Timeout, which the dispatcher resolved (the op's
+// option, else the group's default); zero, from a caller that bypasses the
+// dispatcher, means none.
+func (b *Backend) newJob(ctx context.Context, op backend.Op, m backend.Meta, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) *job {
+	to := m.Timeout
+	var jctx context.Context
+	var cancel context.CancelFunc
+	if to > 0 {
+		jctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), to)
+	} else {
+		jctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
+	}
 	j := &job{op: op, seq: m.Seq, peer: -1, ctx: jctx, cancel: cancel, timeout: to, outputs: outputs, run: run}
 	j.w = backend.NewHostWork(m.Seq, true, func(error) { cancel() })
 	return j
@@ -546,11 +544,11 @@ func (b *Backend) track(w backend.Work) []backend.Work {
 
 // collective issues a collective: it takes the tag on the caller's
 // goroutine and queues the job for the workers.
-func (b *Backend) collective(ctx context.Context, op backend.Op, m backend.Meta, opt time.Duration, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) (backend.Work, error) {
+func (b *Backend) collective(ctx context.Context, op backend.Op, m backend.Meta, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) (backend.Work, error) {
 	if err := b.usable(op, m.Seq); err != nil {
 		return nil, err
 	}
-	j := b.newJob(ctx, op, m, opt, outputs, run)
+	j := b.newJob(ctx, op, m, outputs, run)
 	j.tag = b.issued.Add(1)
 	b.track(j.w)
 	if !b.q.push(j) {

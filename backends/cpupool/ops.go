@@ -3,6 +3,7 @@ package cpupool
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/coll"
@@ -70,7 +71,7 @@ func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tens
 		return nil, b.invalid(backend.OpBroadcast, m, "invalid root tensor")
 	}
 	src := bufs[opts.RootTensor]
-	return b.collective(ctx, backend.OpBroadcast, m, opts.Timeout, tensors, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, backend.OpBroadcast, m, tensors, func(ctx context.Context, tag uint64) error {
 		if err := coll.Broadcast(ctx, b.comm, tag, src, opts.RootRank); err != nil {
 			return err
 		}
@@ -96,7 +97,7 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 	if err != nil {
 		return nil, err
 	}
-	return b.collective(ctx, backend.OpAllreduce, m, opts.Timeout, tensors, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, backend.OpAllreduce, m, tensors, func(ctx context.Context, tag uint64) error {
 		buf := combineLocal(k, bufs, 0)
 		if err := coll.Allreduce(ctx, b.comm, tag, buf, k); err != nil {
 			return err
@@ -161,7 +162,7 @@ func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensor
 	if err != nil {
 		return nil, err
 	}
-	return b.collective(ctx, backend.OpAllreduceCoalesced, m, opts.Timeout, tensors, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, backend.OpAllreduceCoalesced, m, tensors, func(ctx context.Context, tag uint64) error {
 		packed := b.pack(bufs)
 		defer b.pool.Put(packed)
 		if k.Pre != nil {
@@ -189,7 +190,7 @@ func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.
 	if err != nil {
 		return nil, err
 	}
-	return b.collective(ctx, backend.OpReduce, m, opts.Timeout, tensors, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, backend.OpReduce, m, tensors, func(ctx context.Context, tag uint64) error {
 		buf := combineLocal(k, bufs, opts.RootTensor)
 		if err := coll.Reduce(ctx, b.comm, tag, buf, k, opts.RootRank); err != nil {
 			return err
@@ -209,7 +210,7 @@ func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*te
 	if err != nil {
 		return nil, err
 	}
-	return b.collective(ctx, op, m, opts.Timeout, outputs[0], func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, op, m, outputs[0], func(ctx context.Context, tag uint64) error {
 		copy(blocks[b.cfg.Rank], in[0])
 		return coll.Allgather(ctx, b.comm, tag, blocks)
 	})
@@ -230,7 +231,7 @@ func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, outpu
 	for i := range blocks {
 		blocks[i] = out[i*len(in) : (i+1)*len(in)]
 	}
-	return b.collective(ctx, op, m, opts.Timeout, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, op, m, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
 		copy(blocks[b.cfg.Rank], in)
 		return coll.Allgather(ctx, b.comm, tag, blocks)
 	})
@@ -283,7 +284,7 @@ func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, output
 			}
 		}
 	}
-	return b.collective(ctx, op, m, opts.Timeout, flat(outputs), func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, op, m, flat(outputs), func(ctx context.Context, tag uint64) error {
 		return b.gatherPacked(ctx, tag, ins, func(r int, blk []byte) {
 			off := 0
 			for i := range outs {
@@ -312,7 +313,7 @@ func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Me
 			return nil, b.invalid(op, m, "output tensor size must be equal to world_size times input tensor size")
 		}
 	}
-	return b.collective(ctx, op, m, opts.Timeout, outputs, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
 		return b.gatherPacked(ctx, tag, ins, func(r int, blk []byte) {
 			off := 0
 			for i := range outs {
@@ -367,7 +368,7 @@ func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*
 	for i, x := range ins {
 		sizes[i] = len(x)
 	}
-	return b.collective(ctx, op, m, opts.Timeout, outputs, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
 		own, free, err := b.reduceScatterPacked(ctx, tag, k, sizes, func(p []byte) { unpackInto(p, ins) })
 		if err != nil {
 			return err
@@ -405,7 +406,7 @@ func (b *Backend) ReduceScatterTensor(ctx context.Context, m backend.Meta, outpu
 	for i := range sizes {
 		sizes[i] = len(out)
 	}
-	return b.collective(ctx, op, m, opts.Timeout, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, op, m, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
 		own, free, err := b.reduceScatterPacked(ctx, tag, k, sizes, func(p []byte) { copy(p, in) })
 		if err != nil {
 			return err
@@ -447,7 +448,7 @@ func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Me
 	for i := range sizes {
 		sizes[i] = S
 	}
-	return b.collective(ctx, op, m, opts.Timeout, outputs, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
 		own, free, err := b.reduceScatterPacked(ctx, tag, k, sizes, func(p []byte) {
 			off := 0
 			for r := range n {
@@ -483,7 +484,7 @@ func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tenso
 	if len(outs[b.cfg.Rank]) != len(ins[b.cfg.Rank]) {
 		return nil, b.invalid(op, m, "invalid tensor size: this rank's input and output pieces differ")
 	}
-	return b.collective(ctx, op, m, opts.Timeout, outputs, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
 		return coll.Alltoall(ctx, b.comm, tag, outs, ins)
 	})
 }
@@ -543,7 +544,7 @@ func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tens
 	if len(outs[b.cfg.Rank]) != len(ins[b.cfg.Rank]) {
 		return nil, b.invalid(op, m, "invalid split sizes: this rank's input and output parts differ")
 	}
-	return b.collective(ctx, op, m, opts.Timeout, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, op, m, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
 		return coll.Alltoall(ctx, b.comm, tag, outs, ins)
 	})
 }
@@ -616,7 +617,7 @@ func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tenso
 		result = outputs[0]
 	}
 	B := len(in[0])
-	return b.collective(ctx, op, m, opts.Timeout, result, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, op, m, result, func(ctx context.Context, tag uint64) error {
 		var all []byte
 		if root {
 			all = b.pool.Get(B * b.cfg.WorldSize)
@@ -640,7 +641,7 @@ func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor
 	if err != nil {
 		return nil, err
 	}
-	return b.collective(ctx, op, m, opts.Timeout, outputs, func(ctx context.Context, tag uint64) error {
+	return b.collective(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
 		var all []byte
 		if root {
 			all = b.pack(ins)
@@ -657,7 +658,7 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 	if err := b.usable(op, m.Seq); err != nil {
 		return nil, err
 	}
-	j := b.newJob(ctx, op, m, opts.Timeout, nil, nil)
+	j := b.newJob(ctx, op, m, nil, nil)
 	j.tag = b.issued.Add(1)
 	earlier := b.track(j.w)
 	j.run = func(ctx context.Context, tag uint64) error {
@@ -686,12 +687,15 @@ func (b *Backend) MonitoredBarrier(ctx context.Context, m backend.Meta, opts bac
 	if err := b.usable(op, m.Seq); err != nil {
 		return nil, err
 	}
-	to := b.timeoutOf(backend.Meta{Timeout: opts.Timeout}, m.Timeout)
-	// Non-zero ranks wait for rank 0's verdict, which comes after rank 0
-	// has waited up to the timeout itself.
+	// Rank 0 waits up to the op's timeout for the others (zero: no limit).
+	// Non-zero ranks wait for rank 0's verdict, which comes after that.
+	to := m.Timeout
 	mm := m
 	mm.Timeout = 2 * to
-	j := b.newJob(ctx, op, mm, 0, nil, nil)
+	if to == 0 {
+		to = math.MaxInt64
+	}
+	j := b.newJob(ctx, op, mm, nil, nil)
 	j.tag = b.issued.Add(1)
 	b.track(j.w)
 	j.run = func(ctx context.Context, tag uint64) error {

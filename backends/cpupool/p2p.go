@@ -98,7 +98,7 @@ func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Te
 	if err != nil {
 		return nil, err
 	}
-	j := b.newJob(ctx, op, m, opts.Timeout, nil, nil)
+	j := b.newJob(ctx, op, m, nil, nil)
 	j.tag, j.peer = p2pBit|uint64(opts.Tag), dst
 	j.run = func(ctx context.Context, tag uint64) error { return b.mesh.Send(ctx, dst, tag, buf) }
 	b.track(j.w)
@@ -117,7 +117,7 @@ func (b *Backend) Recv(ctx context.Context, m backend.Meta, tensors []*tensor.Te
 	if err != nil {
 		return nil, err
 	}
-	j := b.newJob(ctx, op, m, opts.Timeout, tensors, nil)
+	j := b.newJob(ctx, op, m, tensors, nil)
 	j.tag, j.peer = p2pBit|uint64(opts.Tag), src
 	req := b.mesh.Irecv(src, j.tag, buf)
 	j.run = func(ctx context.Context, _ uint64) error { return req.Wait(ctx) }
@@ -151,7 +151,7 @@ func (b *Backend) RecvAnysource(ctx context.Context, m backend.Meta, tensors []*
 	if err != nil {
 		return nil, err
 	}
-	j := b.newJob(ctx, op, m, opts.Timeout, tensors, nil)
+	j := b.newJob(ctx, op, m, tensors, nil)
 	j.tag = p2pBit | uint64(opts.Tag)
 	w := &anyWork{HostWork: j.w}
 	w.src.Store(-1)
