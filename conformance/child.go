@@ -6,6 +6,8 @@ package conformance
 // processes of the same executable with EnvChild set, and they run one
 // scenario here and exit. Each child prints "RESULT key=value" lines that
 // the spec reads, and its flight recorder dumps to the spec's directory.
+// The generic scenarios are here; a backend's own ones come from its
+// Extension.
 
 import (
 	"context"
@@ -20,7 +22,6 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
-	"github.com/gocoll/gocoll/backends/nccl"
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/dispatcher"
 	"github.com/gocoll/gocoll/store"
@@ -39,15 +40,18 @@ type childConfig struct {
 	Store    string // host:port of the spec's TCPStore
 	Dir      string // where the flight recorder dumps go
 	Backend  string
-	GPU      int // CUDA device of this child; -1 puts tensors on the CPU
+	GPU      int  // CUDA device of this child; -1 puts tensors on the CPU
+	Gate     bool // a collective that never starts is held by a stream gate
 }
 
 // Timeouts of the scenarios.
 const (
-	childOpTimeout   = time.Second     // the op that fails
+	// ChildOpTimeout is the timeout of the op that fails.
+	ChildOpTimeout   = time.Second
 	childSkipTimeout = 2 * time.Second // the op a peer skips
 	childKillTimeout = 3 * time.Second // the op whose peer is killed
-	childOKTimeout   = 10 * time.Second
+	// ChildOKTimeout is the timeout of the ops that should succeed.
+	ChildOKTimeout = 10 * time.Second
 )
 
 // RunChild runs the failure scenario that EnvChild describes and exits the
@@ -70,27 +74,47 @@ func RunChild() {
 	os.Exit(0)
 }
 
-// childEnv is a child's group and the tensor it reduces.
-type childEnv struct {
-	cfg  childConfig
-	pg   *dispatcher.ProcessGroup
-	st   store.Store
-	ctx  context.Context // carries the current stream on a GPU
-	x    *tensor.Tensor
-	dev  *cuda.Device // nil on the CPU
-	cur  *cuda.Stream
-	opts *nccl.Options // nil unless the backend is nccl
+// Child is one child process of a failure spec, as its scenario sees it:
+// its group and the tensor it reduces.
+type Child struct {
+	// Scenario is the scenario's name; Rank and World place the child in
+	// the children's world; Dir is where the flight recorder dumps go.
+	Scenario    string
+	Rank, World int
+	Dir         string
+	// GPU is the child's CUDA device, -1 on the CPU.
+	GPU int
+	// PG is the children's default group, over Store.
+	PG    *dispatcher.ProcessGroup
+	Store store.Store
+	// Ctx carries the current stream Cur on a GPU.
+	Ctx context.Context
+	// X is 1024 float32 ones on the child's device.
+	X *tensor.Tensor
+	// Dev and Cur are the child's device and current stream; nil on the
+	// CPU.
+	Dev *cuda.Device
+	Cur *cuda.Stream
+	// BlockingWait makes Allreduce wait with Work.Wait (the caller's wait
+	// under blocking-wait mode) instead of WaitHost.
+	BlockingWait bool
+
+	gate bool
+	ext  []Extension // those of the backends the child's backend string names
 }
 
-func result(k string, v any) {
+// Result prints one "RESULT k=v" line for the spec to read.
+func (c *Child) Result(k string, v any) {
 	fmt.Printf("RESULT %s=%s\n", k, strings.ReplaceAll(fmt.Sprint(v), "\n", " "))
 }
 
-func resultErr(prefix string, err error) {
-	result(prefix, err)
+// ResultErr prints err under prefix and, for an *OpError, its ranks under
+// prefix_ranks.
+func (c *Child) ResultErr(prefix string, err error) {
+	c.Result(prefix, err)
 	var oe *backend.OpError
 	if errors.As(err, &oe) {
-		result(prefix+"_ranks", fmt.Sprint(oe.Ranks))
+		c.Result(prefix+"_ranks", fmt.Sprint(oe.Ranks))
 	}
 }
 
@@ -100,7 +124,8 @@ func runChild(cfg childConfig) error {
 	if err != nil {
 		return err
 	}
-	e := &childEnv{cfg: cfg, st: st, ctx: bg}
+	c := &Child{Scenario: cfg.Scenario, Rank: cfg.Rank, World: cfg.World, Dir: cfg.Dir, GPU: cfg.GPU,
+		Store: st, Ctx: bg, gate: cfg.Gate, BlockingWait: cfg.Scenario == "policy-BlockingWait"}
 	dcfg := dispatcher.Config{Store: st, Rank: cfg.Rank, WorldSize: cfg.World, Backend: cfg.Backend, Timeout: 30 * time.Second,
 		FlightRecorder: dispatcher.FlightRecorderOptions{DumpPrefix: filepath.Join(cfg.Dir, "fr_")},
 		Monitor:        dispatcher.MonitorOptions{CoordCheck: 200 * time.Millisecond}}
@@ -108,68 +133,64 @@ func runChild(cfg childConfig) error {
 		dev := tensor.CUDADevice(cfg.GPU)
 		dcfg.Device = &dev
 	}
-	if names, err := backend.ParseBackendString(cfg.Backend); err == nil && names[tensor.CUDA] == nccl.Name {
-		o, err := nccl.OptionsFromEnv()
-		if err != nil {
-			return err
+	if names, err := backend.ParseBackendString(cfg.Backend); err == nil {
+		seen := map[string]bool{}
+		for _, name := range names {
+			if ext, ok := extension(name); ok && !seen[name] {
+				seen[name] = true
+				c.ext = append(c.ext, ext)
+				if ext.Child != nil {
+					if err := ext.Child(c, &dcfg); err != nil {
+						return err
+					}
+				}
+			}
 		}
-		o.AbortTimeout = 2 * time.Second
-		o.HangWatchdogForTest = cfg.Scenario == "heartbeat"
-		e.opts = &o
-		dcfg.BackendOptions = map[string]any{nccl.Name: e.opts}
 	}
-	if e.pg, err = dispatcher.Init(bg, dcfg); err != nil {
+	if c.PG, err = dispatcher.Init(bg, dcfg); err != nil {
 		return err
 	}
 	if cfg.GPU >= 0 {
-		if e.dev, err = cuda.GetDevice(cfg.GPU); err != nil {
+		if c.Dev, err = cuda.GetDevice(cfg.GPU); err != nil {
 			return err
 		}
-		if e.cur, err = e.dev.NewStream(cuda.StreamOptions{}); err != nil {
+		if c.Cur, err = c.Dev.NewStream(cuda.StreamOptions{}); err != nil {
 			return err
 		}
-		e.ctx = cuda.WithStream(bg, e.cur)
+		c.Ctx = cuda.WithStream(bg, c.Cur)
 	}
-	if e.x, err = e.tensor(1024, -1); err != nil {
+	if c.X, err = c.Tensor(1024, -1); err != nil {
 		return err
 	}
 	// Collectives 1 and 2 complete on every rank before the scenario.
-	warm := 2
-	switch cfg.Scenario {
-	case "heartbeat", "nan":
-		warm = 0
-	case "kill":
-		warm = 1
+	warm, run := 2, func() error { return fmt.Errorf("unknown scenario %q", cfg.Scenario) }
+	switch {
+	case strings.HasPrefix(cfg.Scenario, "policy-"):
+		run = c.policy
+	case cfg.Scenario == "skip":
+		run = c.skip
+	case cfg.Scenario == "kill":
+		warm, run = 1, c.kill
+	case cfg.Scenario == "abort":
+		run = c.abort
+	default:
+		for _, ext := range c.ext {
+			if sc, ok := ext.Scenarios[cfg.Scenario]; ok {
+				warm, run = sc.Warm, func() error { return sc.Run(c) }
+			}
+		}
 	}
 	for range warm {
-		if _, err := e.allreduce(childOKTimeout); err != nil {
+		if _, err := c.Allreduce(ChildOKTimeout); err != nil {
 			return fmt.Errorf("warm-up allreduce: %w", err)
 		}
 	}
-	switch {
-	case strings.HasPrefix(cfg.Scenario, "policy-"):
-		return e.policy()
-	case cfg.Scenario == "skip":
-		return e.skip()
-	case cfg.Scenario == "kill":
-		return e.kill()
-	case cfg.Scenario == "remote":
-		return e.remote()
-	case cfg.Scenario == "abort":
-		return e.abort()
-	case cfg.Scenario == "heartbeat":
-		time.Sleep(15 * time.Second) // the monitor ends the process first
-		result("survived", true)
-		return nil
-	case cfg.Scenario == "nan":
-		return e.nan()
-	}
-	return fmt.Errorf("unknown scenario %q", cfg.Scenario)
+	return run()
 }
 
-// tensor makes n float32 ones on the child's device, NaN at index bad
+// Tensor makes n float32 ones on the child's device, NaN at index bad
 // (none when bad < 0).
-func (e *childEnv) tensor(n, bad int) (*tensor.Tensor, error) {
+func (c *Child) Tensor(n, bad int) (*tensor.Tensor, error) {
 	v := make([]float64, n)
 	for i := range v {
 		v[i] = 1
@@ -178,24 +199,24 @@ func (e *childEnv) tensor(n, bad int) (*tensor.Tensor, error) {
 		v[bad] = math.NaN()
 	}
 	h, err := tensor.FromFloat64s(tensor.Float32, v)
-	if err != nil || e.dev == nil {
+	if err != nil || c.Dev == nil {
 		return h, err
 	}
-	return cuda.FromHost(e.ctx, e.cfg.GPU, h)
+	return cuda.FromHost(c.Ctx, c.GPU, h)
 }
 
-// allreduce runs one allreduce with the given timeout and waits for it as
-// the backend's mode asks (the host for async works, the caller under
-// blocking wait), returning the time from issue to the error.
-func (e *childEnv) allreduce(timeout time.Duration) (time.Duration, error) {
+// Allreduce runs one allreduce of X with the given timeout and waits for
+// it (the host for async works, the caller under BlockingWait), returning
+// the time from issue to the error.
+func (c *Child) Allreduce(timeout time.Duration) (time.Duration, error) {
 	t0 := time.Now()
-	w, err := e.pg.Allreduce(e.ctx, []*tensor.Tensor{e.x}, backend.AllreduceOptions{Timeout: timeout})
+	w, err := c.PG.Allreduce(c.Ctx, []*tensor.Tensor{c.X}, backend.AllreduceOptions{Timeout: timeout})
 	if err != nil {
 		return time.Since(t0), err
 	}
-	ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)
+	ctx, cancel := context.WithTimeout(c.Ctx, 20*time.Second)
 	defer cancel()
-	if e.opts != nil && e.opts.BlockingWait {
+	if c.BlockingWait {
 		err = w.Wait(ctx)
 	} else {
 		err = w.WaitHost(ctx)
@@ -203,64 +224,81 @@ func (e *childEnv) allreduce(timeout time.Duration) (time.Duration, error) {
 	return time.Since(t0), err
 }
 
-// hold closes a stream gate on the current stream, so that what is queued
+// Hold closes a stream gate on the current stream, so that what is queued
 // after it never starts. Unless a scenario opens it, the gate stays closed
 // until the process ends.
-func (e *childEnv) hold() (*cuda.Gate, error) {
-	if e.dev == nil {
+func (c *Child) Hold() (*cuda.Gate, error) {
+	if c.Dev == nil {
 		return nil, errors.New("this scenario gates a CUDA stream and needs a GPU")
 	}
-	g, err := e.dev.NewGate()
+	g, err := c.Dev.NewGate()
 	if err != nil {
 		return nil, err
 	}
-	return g, g.Hold(e.cur)
+	return g, g.Hold(c.Cur)
 }
 
-// policy: a gated allreduce times out; what follows is the policy's.
-func (e *childEnv) policy() error {
-	g, err := e.hold()
-	if err != nil {
-		return err
-	}
-	el, err := e.allreduce(childOpTimeout)
-	result("elapsed", el.Seconds())
-	resultErr("err", err)
-	result("timeout", errors.Is(err, backend.ErrTimeout))
-	switch e.cfg.Scenario {
-	case "policy-TearDown", "policy-SkipCleanUp":
-		time.Sleep(15 * time.Second) // the watchdog ends the process first
-		result("survived", true)
-	case "policy-NoHandling":
-		// Nothing was done to the communicator: once the gate opens, the
-		// late op runs and the next one works.
-		g.Open()
-		if err := e.cur.SynchronizeContext(context.Background()); err != nil {
+// policy: collective 3 never starts on rank 0 (its stream is gated, or
+// rank 1 withholds it) and times out; what follows is the backend's error
+// policy's, or, for a backend without policies, the group works on once
+// the late op can run.
+func (c *Child) policy() error {
+	bg := context.Background()
+	if c.Rank != 0 {
+		// Rank 1 of two: the op that never starts on rank 0 is the one this
+		// rank issues only once rank 0 has timed out.
+		if err := c.Store.Wait(bg, "test/timedout"); err != nil {
 			return err
 		}
-		_, err := e.allreduce(childOKTimeout)
-		resultErr("next", err)
-	default:
-		// CleanUpOnly and blocking wait: the communicators were aborted;
-		// the next op must fail, keeping the reason.
-		_, err := e.allreduce(childOKTimeout)
-		resultErr("next", err)
+		_, err := c.Allreduce(ChildOKTimeout)
+		c.ResultErr("late", err)
+		_, err = c.Allreduce(ChildOKTimeout)
+		c.ResultErr("next", err)
+		return nil
 	}
+	var g *cuda.Gate
+	if c.gate {
+		var err error
+		if g, err = c.Hold(); err != nil {
+			return err
+		}
+	}
+	el, err := c.Allreduce(ChildOpTimeout)
+	c.Result("elapsed", el.Seconds())
+	c.ResultErr("err", err)
+	c.Result("timeout", errors.Is(err, backend.ErrTimeout))
+	policy := strings.TrimPrefix(c.Scenario, "policy-")
+	for _, ext := range c.ext {
+		if ext.Policies != nil && ext.Policies.After != nil {
+			return ext.Policies.After(c, policy, g)
+		}
+	}
+	if g != nil {
+		g.Open()
+		if err := c.Cur.SynchronizeContext(bg); err != nil {
+			return err
+		}
+	}
+	if err := c.Store.Set(bg, "test/timedout", []byte("1")); err != nil {
+		return err
+	}
+	_, err = c.Allreduce(ChildOKTimeout)
+	c.ResultErr("next", err)
 	return nil
 }
 
 // skip: rank 1 never issues collective 3; rank 0 times out naming it.
-func (e *childEnv) skip() error {
-	if e.cfg.Rank != 0 {
+func (c *Child) skip() error {
+	if c.Rank != 0 {
 		time.Sleep(childSkipTimeout + 3*time.Second) // dumps when rank 0 asks
-		_, err := os.Stat(filepath.Join(e.cfg.Dir, fmt.Sprintf("fr_%d", e.cfg.Rank)))
-		result("dumped", err == nil)
+		_, err := os.Stat(filepath.Join(c.Dir, fmt.Sprintf("fr_%d", c.Rank)))
+		c.Result("dumped", err == nil)
 		return nil
 	}
-	el, err := e.allreduce(childSkipTimeout)
-	result("elapsed", el.Seconds())
-	resultErr("err", err)
-	result("timeout", errors.Is(err, backend.ErrTimeout))
+	el, err := c.Allreduce(childSkipTimeout)
+	c.Result("elapsed", el.Seconds())
+	c.ResultErr("err", err)
+	c.Result("timeout", errors.Is(err, backend.ErrTimeout))
 	time.Sleep(time.Second) // lets rank 1 write its dump before the spec reads
 	return nil
 }
@@ -268,18 +306,18 @@ func (e *childEnv) skip() error {
 // kill: rank 1 is killed while rank 0 is in collective 2. On a GPU rank
 // 1's own allreduce is queued behind a gate first, so that it dies
 // mid-collective with its kernel pending.
-func (e *childEnv) kill() error {
+func (c *Child) kill() error {
 	bg := context.Background()
-	if e.cfg.Rank != 0 {
-		if e.dev != nil {
-			if _, err := e.hold(); err != nil {
+	if c.Rank != 0 {
+		if c.Dev != nil {
+			if _, err := c.Hold(); err != nil {
 				return err
 			}
-			if _, err := e.pg.Allreduce(e.ctx, []*tensor.Tensor{e.x}, backend.AllreduceOptions{Timeout: 30 * time.Second}); err != nil {
+			if _, err := c.PG.Allreduce(c.Ctx, []*tensor.Tensor{c.X}, backend.AllreduceOptions{Timeout: 30 * time.Second}); err != nil {
 				return err
 			}
 		}
-		if err := e.st.Wait(bg, "test/r0issued"); err != nil {
+		if err := c.Store.Wait(bg, "test/r0issued"); err != nil {
 			return err
 		}
 		time.Sleep(300 * time.Millisecond)
@@ -288,102 +326,39 @@ func (e *childEnv) kill() error {
 	}
 	go func() {
 		time.Sleep(50 * time.Millisecond)
-		_ = e.st.Set(bg, "test/r0issued", []byte("1"))
+		_ = c.Store.Set(bg, "test/r0issued", []byte("1"))
 	}()
-	el, err := e.allreduce(childKillTimeout)
-	result("elapsed", el.Seconds())
-	resultErr("err", err)
-	_, err = e.allreduce(childOKTimeout)
-	resultErr("next", err)
+	el, err := c.Allreduce(childKillTimeout)
+	c.Result("elapsed", el.Seconds())
+	c.ResultErr("err", err)
+	_, err = c.Allreduce(ChildOKTimeout)
+	c.ResultErr("next", err)
 	return nil
 }
 
 // abort: rank 0 aborts its group while an allreduce waits for rank 1,
 // which never issues it. The abort must not wait for the peer.
-func (e *childEnv) abort() error {
-	if e.cfg.Rank != 0 {
+func (c *Child) abort() error {
+	if c.Rank != 0 {
 		time.Sleep(3 * time.Second)
 		return nil
 	}
-	w, err := e.pg.Allreduce(e.ctx, []*tensor.Tensor{e.x}, backend.AllreduceOptions{Timeout: 30 * time.Second})
+	w, err := c.PG.Allreduce(c.Ctx, []*tensor.Tensor{c.X}, backend.AllreduceOptions{Timeout: 30 * time.Second})
 	if err != nil {
 		return err
 	}
 	time.Sleep(200 * time.Millisecond)
 	t0 := time.Now()
-	err = e.pg.Abort(context.Background(), errors.New("conformance: user abort"))
-	result("abort_elapsed", time.Since(t0).Seconds())
-	resultErr("abort", err)
+	err = c.PG.Abort(context.Background(), errors.New("conformance: user abort"))
+	c.Result("abort_elapsed", time.Since(t0).Seconds())
+	c.ResultErr("abort", err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	err = w.WaitHost(ctx)
 	cancel()
-	resultErr("pending", err)
-	result("pending_aborted", errors.Is(err, backend.ErrAborted))
-	_, err = e.pg.Allreduce(e.ctx, []*tensor.Tensor{e.x}, backend.AllreduceOptions{})
-	resultErr("next", err)
-	result("next_aborted", errors.Is(err, backend.ErrAborted))
-	return nil
-}
-
-// remote: rank 0's allreduce never starts and times out after 1 s; rank
-// 1's, with a 30 s timeout, must learn of it from the store.
-func (e *childEnv) remote() error {
-	timeout := 30 * time.Second
-	if e.cfg.Rank == 0 {
-		if _, err := e.hold(); err != nil {
-			return err
-		}
-		timeout = childOpTimeout
-	}
-	el, err := e.allreduce(timeout)
-	result("elapsed", el.Seconds())
-	resultErr("err", err)
-	result("remote", errors.Is(err, backend.ErrRemote))
-	time.Sleep(500 * time.Millisecond)
-	return nil
-}
-
-// nan: with the NaN check on, an input holding a NaN fails the op on every
-// rank before it is issued; a NaN in a receive buffer does not count.
-func (e *childEnv) nan() error {
-	bad, err := e.tensor(1<<20, 1<<20-3) // past the kernel's first grid pass
-	if err != nil {
-		return err
-	}
-	_, err = e.pg.Allreduce(e.ctx, []*tensor.Tensor{bad}, backend.AllreduceOptions{})
-	resultErr("input", err)
-	result("input_invalid", errors.Is(err, backend.ErrInvalidArgument))
-	// Every rank receives into a buffer with a NaN; rank 0's input is clean.
-	recv, err := e.tensor(1024, 5)
-	if err != nil {
-		return err
-	}
-	in, err := e.tensor(1024, -1)
-	if err != nil {
-		return err
-	}
-	out := make([]*tensor.Tensor, e.cfg.World)
-	out[e.cfg.Rank] = recv
-	for r := range out {
-		if out[r] == nil {
-			if out[r], err = e.tensor(1024, -1); err != nil {
-				return err
-			}
-		}
-	}
-	w, err := e.pg.Allgather(e.ctx, [][]*tensor.Tensor{out}, []*tensor.Tensor{in}, backend.AllgatherOptions{})
-	if err == nil {
-		ctx, cancel := context.WithTimeout(e.ctx, childOKTimeout)
-		err = w.WaitHost(ctx)
-		cancel()
-	}
-	resultErr("recv", err)
-	if err == nil {
-		h, err := cuda.ToHost(context.Background(), recv)
-		if err != nil {
-			return err
-		}
-		result("recv_value", h.At(5))
-	}
+	c.ResultErr("pending", err)
+	c.Result("pending_aborted", errors.Is(err, backend.ErrAborted))
+	_, err = c.PG.Allreduce(c.Ctx, []*tensor.Tensor{c.X}, backend.AllreduceOptions{})
+	c.ResultErr("next", err)
+	c.Result("next_aborted", errors.Is(err, backend.ErrAborted))
 	return nil
 }

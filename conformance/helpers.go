@@ -67,10 +67,10 @@ func (s *Suite) SkipUnsupported(err error) {
 	}
 }
 
-// input is rank r's element i for a spec: small integers, so that sums
+// Input is rank r's element i for a spec: small integers, so that sums
 // and products are exact in every dtype (fp8 e5m2 holds the integers up to
 // 8 exactly, so its values are 0 and 1).
-func input(dt tensor.DType, op backend.RedOpType, r, i int) float64 {
+func Input(dt tensor.DType, op backend.RedOpType, r, i int) float64 {
 	switch {
 	case dt == tensor.Bool || dt == tensor.Float8E5M2 || dt == tensor.Float8E4M3:
 		return float64((r + i) % 2)
@@ -85,9 +85,9 @@ func input(dt tensor.DType, op backend.RedOpType, r, i int) float64 {
 	}
 }
 
-// reference computes the expected reduction of vals[rank][i] as the op's
+// Reference computes the expected reduction of vals[rank][i] as the op's
 // definition says, for dtype dt.
-func reference(dt tensor.DType, op backend.ReduceOp, vals [][]float64) []float64 {
+func Reference(dt tensor.DType, op backend.ReduceOp, vals [][]float64) []float64 {
 	n := len(vals)
 	out := make([]float64, len(vals[0]))
 	for i := range out {

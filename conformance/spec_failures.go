@@ -2,11 +2,12 @@ package conformance
 
 // Failure specs that need processes of their own (labels timeout and
 // errors): a process that the error policy ends, a rank that skips a
-// collective or is killed, a watchdog that hangs. Rank 0 of the suite
-// runs each scenario in fresh child processes (child.go) around a TCPStore
-// of its own and checks their exits, outputs and dumps; the other ranks
-// skip. The children use the suite's backend string and, when the suite
-// runs on GPUs, GPU r for child rank r.
+// collective or is killed. Rank 0 of the suite runs each scenario in fresh
+// child processes (child.go) around a TCPStore of its own and checks their
+// exits, outputs and dumps; the other ranks skip. The children use the
+// suite's backend string and, when the suite runs on GPUs, GPU r for child
+// rank r. A backend's own failure specs (the nccl watchdog hang, say) use
+// RequireChildren and RunChildren with scenarios of its Extension.
 
 import (
 	"bufio"
@@ -18,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,7 +29,6 @@ import (
 	. "github.com/onsi/ginkgo/v2" //nolint:revive // Ginkgo's DSL
 	. "github.com/onsi/gomega"    //nolint:revive // Gomega's DSL
 
-	"github.com/gocoll/gocoll/backends/nccl"
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/internal/frtrace"
 	"github.com/gocoll/gocoll/store"
@@ -39,45 +40,47 @@ import (
 // to a temporary directory removed after the spec.
 const EnvChildDir = "GOCOLL_CONFTEST_CHILD_DIR"
 
-// child is a finished child process.
-type child struct {
-	rank    int
-	code    int // exit status; 128+signal when killed
-	out     string
-	stderr  string
-	results map[string]string // its RESULT key=value lines
+// ChildResult is a finished child process.
+type ChildResult struct {
+	Rank   int
+	Code   int // exit status; 128+signal when killed
+	Out    string
+	Stderr string
+	// Results are its RESULT key=value lines.
+	Results map[string]string
 }
 
-func (c *child) String() string {
-	return fmt.Sprintf("child rank %d exit %d\nstdout:\n%s\nstderr:\n%s", c.rank, c.code, c.out, c.stderr)
+func (c *ChildResult) String() string {
+	return fmt.Sprintf("child rank %d exit %d\nstdout:\n%s\nstderr:\n%s", c.Rank, c.Code, c.Out, c.Stderr)
 }
 
-func (c *child) seconds(key string) float64 {
-	f, err := strconv.ParseFloat(c.results[key], 64)
-	Expect(err).NotTo(HaveOccurred(), "rank %d printed no %s: %v", c.rank, key, c)
+// Seconds reads the result key as seconds, failing the spec when the child
+// printed none.
+func (c *ChildResult) Seconds(key string) float64 {
+	GinkgoHelper()
+	f, err := strconv.ParseFloat(c.Results[key], 64)
+	Expect(err).NotTo(HaveOccurred(), "rank %d printed no %s: %v", c.Rank, key, c)
 	return f
 }
 
-// fatalLines counts the nccl backend's fatal log lines.
-func fatalLines(s string) int { return strings.Count(s, "gocoll nccl: fatal") }
+// fatalLine is a backend's one fatal log line before an error policy ends
+// the process ("gocoll nccl: fatal ...").
+var fatalLine = regexp.MustCompile(`gocoll [a-z0-9]+: fatal`)
 
-// onGPU reports whether the suite's tensors are CUDA tensors served by
-// nccl, which the GPU-only scenarios need.
-func (s *Suite) onGPU() bool {
-	if s.Device.Type != tensor.CUDA {
-		return false
-	}
-	b, err := s.PG.Backend(tensor.CUDA)
-	return err == nil && b.Name() == nccl.Name
+// FatalLines counts the backends' fatal log lines in s.
+func FatalLines(s string) int { return len(fatalLine.FindAllString(s, -1)) }
+
+// onStreams reports whether the suite's tensors are CUDA tensors of a
+// backend with stream semantics, whose kernels can be held by a gate.
+func (s *Suite) onStreams() bool {
+	return s.Device.Type == tensor.CUDA && s.Caps.StreamSemantics
 }
 
-// requireChildren skips unless this rank runs the children and the machine
-// has what world children need.
-func (s *Suite) requireChildren(world int, gpuOnly string) {
+// RequireChildren skips unless this rank runs the children (rank 0) and
+// the machine has what world children need (a GPU each when the suite
+// runs on GPUs).
+func (s *Suite) RequireChildren(world int) {
 	GinkgoHelper()
-	if gpuOnly != "" {
-		s.Require(s.onGPU(), gpuOnly)
-	}
 	s.Require(s.Rank == 0, "rank 0 runs this spec's child processes")
 	if s.Device.Type == tensor.CUDA {
 		n, err := cuda.DeviceCount()
@@ -86,10 +89,16 @@ func (s *Suite) requireChildren(world int, gpuOnly string) {
 	}
 }
 
-// runChildren runs scenario in world child processes and returns them
+// RunChildren runs scenario in world child processes and returns them
 // once all have ended, with the directory that holds their dumps.
-func (s *Suite) runChildren(scenario string, world int, env ...string) (string, []*child) {
+func (s *Suite) RunChildren(scenario string, world int, env ...string) (string, []*ChildResult) {
 	GinkgoHelper()
+	return s.runChildren(childConfig{Scenario: scenario, World: world}, env...)
+}
+
+func (s *Suite) runChildren(base childConfig, env ...string) (string, []*ChildResult) {
+	GinkgoHelper()
+	scenario, world := base.Scenario, base.World
 	srv, err := store.NewTCPServer(context.Background(), store.ServerOptions{Addr: "127.0.0.1:0"})
 	Expect(err).NotTo(HaveOccurred())
 	defer srv.Close()
@@ -109,8 +118,8 @@ func (s *Suite) runChildren(scenario string, world int, env ...string) (string, 
 	}
 	procs := make([]*running, world)
 	for r := range world {
-		cfg := childConfig{Scenario: scenario, Rank: r, World: world, Store: fmt.Sprintf("127.0.0.1:%d", srv.Port()),
-			Dir: dir, Backend: s.Backend, GPU: -1}
+		cfg := base
+		cfg.Rank, cfg.Store, cfg.Dir, cfg.Backend, cfg.GPU = r, fmt.Sprintf("127.0.0.1:%d", srv.Port()), dir, s.Backend, -1
 		if s.Device.Type == tensor.CUDA {
 			cfg.GPU = r
 		}
@@ -121,98 +130,114 @@ func (s *Suite) runChildren(scenario string, world int, env ...string) (string, 
 		Expect(p.cmd.Start()).To(Succeed())
 		procs[r] = p
 	}
-	kids := make([]*child, world)
+	kids := make([]*ChildResult, world)
 	for r, p := range procs {
 		err := p.cmd.Wait()
-		c := &child{rank: r, out: p.out.String(), stderr: p.err.String(), results: map[string]string{}}
+		c := &ChildResult{Rank: r, Out: p.out.String(), Stderr: p.err.String(), Results: map[string]string{}}
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
-			c.code = ee.ExitCode()
+			c.Code = ee.ExitCode()
 			if st, ok := ee.Sys().(syscall.WaitStatus); ok && st.Signaled() {
-				c.code = 128 + int(st.Signal())
+				c.Code = 128 + int(st.Signal())
 			}
 		} else {
 			Expect(err).NotTo(HaveOccurred())
 		}
-		sc := bufio.NewScanner(strings.NewReader(c.out))
+		sc := bufio.NewScanner(strings.NewReader(c.Out))
 		for sc.Scan() {
 			if line, ok := strings.CutPrefix(sc.Text(), "RESULT "); ok {
 				if k, v, ok := strings.Cut(line, "="); ok {
-					c.results[k] = v
+					c.Results[k] = v
 				}
 			}
 		}
 		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("child%d.log", r)), []byte(c.String()), 0o644)
 		fmt.Fprintf(GinkgoWriter, "%s: %v\n", scenario, c)
-		AddReportEntry(fmt.Sprintf("%s rank %d", scenario, r), fmt.Sprintf("exit %d, %v", c.code, c.results))
+		AddReportEntry(fmt.Sprintf("%s rank %d", scenario, r), fmt.Sprintf("exit %d, %v", c.Code, c.Results))
 		kids[r] = c
 	}
 	Expect(ctx.Err()).To(Succeed(), "the children of %s ran past 60 s", scenario)
 	return dir, kids
 }
 
-// Expect a duration (seconds) within tol of want.
-func expectAround(what string, got, want, tol float64) {
+// ExpectAround expects a duration (seconds) within tol of want.
+func ExpectAround(what string, got, want, tol float64) {
 	GinkgoHelper()
 	Expect(got).To(BeNumerically("~", want, tol), "%s after %.3f s, want %.2f s ± %.1f s", what, got, want, tol)
 }
 
+// servingExtension returns the extension of the backend that serves the
+// suite's tensors, if one is registered.
+func (s *Suite) servingExtension() (Extension, bool) {
+	b, err := s.PG.Backend(s.Device.Type)
+	if err != nil {
+		return Extension{}, false
+	}
+	return extension(b.Name())
+}
+
 func defineChildFailures(s *Suite) {
-	const gpuOnly = "a collective that never starts needs a gated CUDA stream (nccl on GPUs)"
 	Describe("failures in child processes", Label(LabelTimeout, LabelErrors), func() {
+		// On a stream backend the collective is held by a gate on the only
+		// child's current stream; elsewhere a second child withholds it
+		// until the first has timed out, then issues it late.
 		DescribeTable("a collective that never starts fails with ErrTimeout after its timeout, then the error policy acts",
-			func(policy, env string) {
-				s.requireChildren(1, gpuOnly)
-				envs := []string{"GOCOLL_NCCL_ASYNC_ERROR_HANDLING=" + policy}
-				if env != "" {
-					envs = append(envs, env)
+			func(policy string) {
+				gated := s.onStreams()
+				world := 2
+				if gated {
+					world = 1
 				}
-				name := CurrentSpecReport().LeafNodeText
-				dir, kids := s.runChildren("policy-"+name, 1, envs...)
+				s.RequireChildren(world)
+				ext, _ := s.servingExtension()
+				var env []string
+				if ext.Policies != nil && ext.Policies.Env != nil {
+					env = ext.Policies.Env(policy)
+				}
+				dir, kids := s.runChildren(childConfig{Scenario: "policy-" + policy, World: world, Gate: gated}, env...)
 				c := kids[0]
-				Expect(c.results["timeout"]).To(Equal("true"), "want ErrTimeout: %v", c)
-				Expect(c.results["err"]).To(ContainSubstring("timeout after 1s"))
-				// The host clock counts from enqueue; the watchdog looks
-				// every 100 ms, so the error comes within 200 ms of it.
-				expectAround("ErrTimeout", c.seconds("elapsed"), childOpTimeout.Seconds()+0.05, 0.2)
+				Expect(c.Results["timeout"]).To(Equal("true"), "want ErrTimeout: %v", c)
+				Expect(c.Results["err"]).To(ContainSubstring("timeout after 1s"))
+				// The host clock counts from enqueue; a watchdog looks every
+				// 100 ms, so the error comes within 200 ms of it.
+				ExpectAround("ErrTimeout", c.Seconds("elapsed"), ChildOpTimeout.Seconds()+0.05, 0.2)
 				dumps, _ := filepath.Glob(filepath.Join(dir, "fr_*"))
-				switch name {
-				case "TearDown", "SkipCleanUp":
-					Expect(c.code).To(Equal(1), "the process should end: %v", c)
-					Expect(fatalLines(c.stderr)).To(Equal(1), "one fatal line: %v", c)
-					Expect(c.stderr).To(ContainSubstring("policy=" + name))
-					Expect(c.results).NotTo(HaveKey("survived"))
-					Expect(dumps).NotTo(BeEmpty(), "no flight recorder dump in %s", dir)
-				case "CleanUpOnly", "BlockingWait":
-					Expect(c.code).To(Equal(0), "the process should survive: %v", c)
-					Expect(fatalLines(c.stderr)).To(Equal(0))
-					Expect(c.results["next"]).To(And(ContainSubstring("aborted"), ContainSubstring("timeout after 1s")),
-						"the next op fails with ErrAborted, keeping the reason")
-					Expect(dumps).NotTo(BeEmpty(), "no flight recorder dump in %s", dir)
-				case "NoHandling":
-					Expect(c.code).To(Equal(0), "%v", c)
-					Expect(fatalLines(c.stderr)).To(Equal(0))
-					Expect(c.results["next"]).To(Equal("<nil>"), "nothing happens: the next op works")
+				if ext.Policies != nil {
+					ext.Policies.Check(policy, c, dumps)
+					return
 				}
+				// No error policies: nothing ends the process or breaks the
+				// group. The late op completes where it was late, and the
+				// next op works on every child.
+				for _, k := range kids {
+					Expect(k.Code).To(Equal(0), "the process should survive: %v", k)
+					Expect(FatalLines(k.Stderr)).To(Equal(0), "%v", k)
+					Expect(k.Results["next"]).To(Equal("<nil>"), "the next op works: %v", k)
+				}
+				if world == 2 {
+					Expect(c.Results["err_ranks"]).To(Equal("[1]"), "the timeout names the rank that never issued the op: %v", c)
+					Expect(kids[1].Results["late"]).To(Equal("<nil>"), "the late op completes on the late rank: %v", kids[1])
+				}
+				Expect(dumps).NotTo(BeEmpty(), "no flight recorder dump in %s", dir)
 			},
-			Entry("TearDown", "1", ""),
-			Entry("SkipCleanUp", "3", ""),
-			Entry("CleanUpOnly", "2", ""),
-			Entry("NoHandling", "0", ""),
-			Entry("BlockingWait", "3", "GOCOLL_NCCL_BLOCKING_WAIT=1"),
+			Entry("TearDown", "TearDown"),
+			Entry("SkipCleanUp", "SkipCleanUp"),
+			Entry("CleanUpOnly", "CleanUpOnly"),
+			Entry("NoHandling", "NoHandling"),
+			Entry("BlockingWait", "BlockingWait"),
 		)
 
 		It("a rank that skips a collective is named by its peer's timeout; both ranks dump, and the analyzer points at it", func() {
-			s.requireChildren(2, "")
-			dir, kids := s.runChildren("skip", 2, "GOCOLL_NCCL_ASYNC_ERROR_HANDLING=2")
+			s.RequireChildren(2)
+			dir, kids := s.RunChildren("skip", 2)
 			r0, r1 := kids[0], kids[1]
-			Expect(r0.code).To(Equal(0), "%v", r0)
-			Expect(r1.code).To(Equal(0), "%v", r1)
-			Expect(r0.results["timeout"]).To(Equal("true"), "%v", r0)
-			Expect(r0.results["err"]).To(ContainSubstring("rank 1 never enqueued allreduce seq 3"))
-			Expect(r0.results["err_ranks"]).To(Equal("[1]"))
-			expectAround("rank 0's ErrTimeout", r0.seconds("elapsed"), childSkipTimeout.Seconds()+0.05, 0.2)
-			Expect(r1.results["dumped"]).To(Equal("true"), "rank 1 dumps when rank 0 signals through the store")
+			Expect(r0.Code).To(Equal(0), "%v", r0)
+			Expect(r1.Code).To(Equal(0), "%v", r1)
+			Expect(r0.Results["timeout"]).To(Equal("true"), "%v", r0)
+			Expect(r0.Results["err"]).To(ContainSubstring("rank 1 never enqueued allreduce seq 3"))
+			Expect(r0.Results["err_ranks"]).To(Equal("[1]"))
+			ExpectAround("rank 0's ErrTimeout", r0.Seconds("elapsed"), childSkipTimeout.Seconds()+0.05, 0.2)
+			Expect(r1.Results["dumped"]).To(Equal("true"), "rank 1 dumps when rank 0 signals through the store")
 			dumps, err := frtrace.Load(dir)
 			Expect(err).NotTo(HaveOccurred())
 			var ranks []int
@@ -230,77 +255,35 @@ func defineChildFailures(s *Suite) {
 		})
 
 		It("a killed peer is detected within the op's timeout, and later ops fail", func() {
-			s.requireChildren(2, "")
-			_, kids := s.runChildren("kill", 2, "GOCOLL_NCCL_ASYNC_ERROR_HANDLING=2")
+			s.RequireChildren(2)
+			_, kids := s.RunChildren("kill", 2)
 			r0, r1 := kids[0], kids[1]
-			Expect(r1.code).To(Equal(128+int(syscall.SIGKILL)), "rank 1 should have been killed: %v", r1)
-			Expect(r0.code).To(Equal(0), "%v", r0)
-			Expect(r0.results["err"]).NotTo(Equal("<nil>"), "%v", r0)
-			Expect(r0.seconds("elapsed")).To(BeNumerically("<", childKillTimeout.Seconds()+0.2))
-			Expect(r0.results["next"]).NotTo(Equal("<nil>"), "the op after the peer died should fail: %v", r0)
-			if s.onGPU() {
-				// CleanUpOnly: the communicators are aborted.
-				Expect(r0.results["next"]).To(ContainSubstring("aborted"))
+			Expect(r1.Code).To(Equal(128+int(syscall.SIGKILL)), "rank 1 should have been killed: %v", r1)
+			Expect(r0.Code).To(Equal(0), "%v", r0)
+			Expect(r0.Results["err"]).NotTo(Equal("<nil>"), "%v", r0)
+			Expect(r0.Seconds("elapsed")).To(BeNumerically("<", childKillTimeout.Seconds()+0.2))
+			Expect(r0.Results["next"]).NotTo(Equal("<nil>"), "the op after the peer died should fail: %v", r0)
+			if ext, _ := s.servingExtension(); ext.CheckKilled != nil {
+				ext.CheckKilled(r0)
 			} else {
 				// The dead peer's connections are gone, and the error says whose.
-				Expect(r0.results["err"]).To(ContainSubstring("remote rank failed"))
-				Expect(r0.results["err_ranks"]).To(Equal("[1]"))
+				Expect(r0.Results["err"]).To(ContainSubstring("remote rank failed"))
+				Expect(r0.Results["err_ranks"]).To(Equal("[1]"))
 			}
 		})
 
 		It("Abort fails the pending work and later ops with ErrAborted keeping the reason, without waiting for the peer", func() {
-			s.requireChildren(2, "")
-			_, kids := s.runChildren("abort", 2)
+			s.RequireChildren(2)
+			_, kids := s.RunChildren("abort", 2)
 			r0 := kids[0]
-			Expect(r0.code).To(Equal(0), "%v", r0)
-			Expect(kids[1].code).To(Equal(0), "%v", kids[1])
-			Expect(r0.results["abort"]).To(Equal("<nil>"), "%v", r0)
-			// Bounded: the children's AbortTimeout is 2 s.
-			Expect(r0.seconds("abort_elapsed")).To(BeNumerically("<", 2.5))
-			Expect(r0.results["pending_aborted"]).To(Equal("true"), "%v", r0)
-			Expect(r0.results["next_aborted"]).To(Equal("true"), "%v", r0)
-			Expect(r0.results["next"]).To(ContainSubstring("conformance: user abort"), "the next op's error keeps the reason")
-		})
-
-		It("a rank's failure reaches its peers through the store: ErrRemote naming it, long before their own timeout", func() {
-			s.requireChildren(2, gpuOnly)
-			_, kids := s.runChildren("remote", 2, "GOCOLL_NCCL_ASYNC_ERROR_HANDLING=0")
-			r0, r1 := kids[0], kids[1]
-			Expect(r0.code).To(Equal(0), "%v", r0)
-			Expect(r1.code).To(Equal(0), "%v", r1)
-			Expect(r0.results["err"]).To(ContainSubstring("timeout after 1s"))
-			Expect(r1.results["remote"]).To(Equal("true"), "%v", r1)
-			Expect(r1.results["err"]).To(ContainSubstring("rank 0 failed"))
-			Expect(r1.results["err_ranks"]).To(Equal("[0]"))
-			Expect(r1.seconds("elapsed")).To(BeNumerically("<", childOpTimeout.Seconds()+0.5))
-		})
-
-		It("the heartbeat monitor ends a process whose watchdog hangs, after dumping the recorder and the stacks", func() {
-			s.requireChildren(1, "the watchdog hang hook is the nccl backend's (cpupool has no watchdog)")
-			dir, kids := s.runChildren("heartbeat", 1, "GOCOLL_HEARTBEAT_TIMEOUT_SEC=1", "GOCOLL_COORD_CHECK_MILSEC=100")
-			c := kids[0]
-			Expect(c.code).To(Equal(134), "want exit 134 from the heartbeat monitor: %v", c)
-			Expect(c.stderr).To(ContainSubstring("heartbeat"))
-			Expect(c.results).NotTo(HaveKey("survived"))
-			for _, p := range []string{"fr_0", "fr_0.stacks"} {
-				Expect(filepath.Join(dir, p)).To(BeAnExistingFile())
-			}
-		})
-
-		It("the NaN check fails an op whose input holds a NaN, not one whose receive buffer does", func() {
-			s.requireChildren(1, "the NaN check is a CUDA kernel of the nccl backend")
-			world := 1
-			if n, _ := cuda.DeviceCount(); n >= 2 {
-				world = 2
-			}
-			_, kids := s.runChildren("nan", world, "GOCOLL_NCCL_NAN_CHECK=1")
-			for _, c := range kids {
-				Expect(c.code).To(Equal(0), "%v", c)
-				Expect(c.results["input_invalid"]).To(Equal("true"), "%v", c)
-				Expect(c.results["input"]).To(And(ContainSubstring("NaN"), ContainSubstring("allreduce"), ContainSubstring(fmt.Sprintf("rank %d", c.rank))))
-				Expect(c.results["recv"]).To(Equal("<nil>"), "a NaN in a receive buffer must not count: %v", c)
-				Expect(c.results["recv_value"]).To(Equal("1"))
-			}
+			Expect(r0.Code).To(Equal(0), "%v", r0)
+			Expect(kids[1].Code).To(Equal(0), "%v", kids[1])
+			Expect(r0.Results["abort"]).To(Equal("<nil>"), "%v", r0)
+			// Bounded (the nccl children's AbortTimeout is 2 s).
+			Expect(r0.Seconds("abort_elapsed")).To(BeNumerically("<", 2.5))
+			Expect(r0.Results["pending_aborted"]).To(Equal("true"), "%v", r0)
+			Expect(r0.Results["next_aborted"]).To(Equal("true"), "%v", r0)
+			Expect(r0.Results["next"]).To(ContainSubstring("conformance: user abort"), "the next op's error keeps the reason")
 		})
 	})
 }

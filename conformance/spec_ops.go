@@ -16,19 +16,21 @@ import (
 
 func init() { Define(defineReductions); Define(defineMovement) }
 
-// inputs returns rank r's input and every rank's, for count elements.
-func inputs(s *Suite, dt tensor.DType, op backend.RedOpType, count, salt int) (mine []float64, all [][]float64) {
+// Inputs returns this rank's input and every rank's, for count elements
+// of Input from position salt on.
+func (s *Suite) Inputs(dt tensor.DType, op backend.RedOpType, count, salt int) (mine []float64, all [][]float64) {
 	all = make([][]float64, s.Size)
 	for r := range all {
 		all[r] = make([]float64, count)
 		for i := range all[r] {
-			all[r][i] = input(dt, op, r, i+salt)
+			all[r][i] = Input(dt, op, r, i+salt)
 		}
 	}
 	return all[s.Rank], all
 }
 
-func requireDType(s *Suite, dt tensor.DType) {
+// RequireDType skips the spec unless the backend supports dt.
+func (s *Suite) RequireDType(dt tensor.DType) {
 	s.Require(s.Caps.SupportsDType(dt), fmt.Sprintf("%s does not support %s", s.Backend, dt))
 }
 
@@ -38,7 +40,7 @@ func defineReductions(s *Suite) {
 			for _, op := range ReduceOps(dt) {
 				name := fmt.Sprintf("%s %s", dt, op)
 				setup := func() {
-					requireDType(s, dt)
+					s.RequireDType(dt)
 					s.Gate("reduce/" + dt.String() + "/" + op.Type.String())
 					if op.Bitwise() {
 						s.Require(s.Caps.BitwiseReductions, s.Backend+" has no bitwise reductions")
@@ -47,34 +49,34 @@ func defineReductions(s *Suite) {
 				It("allreduce "+name, func() {
 					setup()
 					for _, count := range []int{7, 1} {
-						mine, all := inputs(s, dt, op.Type, count, 0)
+						mine, all := s.Inputs(dt, op.Type, count, 0)
 						t := s.Tensor(dt, mine)
 						s.Done(s.Issued(s.PG.Allreduce(bg, []*tensor.Tensor{t}, backend.AllreduceOptions{ReduceOp: op})))
-						ExpectValues(dt, s.Values(t), reference(dt, op, all), "allreduce")
+						ExpectValues(dt, s.Values(t), Reference(dt, op, all), "allreduce")
 					}
 				})
 				It("reduce "+name, func() {
 					setup()
 					root := s.Size - 1
-					mine, all := inputs(s, dt, op.Type, 9, 1)
+					mine, all := s.Inputs(dt, op.Type, 9, 1)
 					t := s.Tensor(dt, mine)
 					s.Done(s.Issued(s.PG.Reduce(bg, []*tensor.Tensor{t}, backend.ReduceOptions{RootRank: root, ReduceOp: op})))
 					if s.Rank == root {
-						ExpectValues(dt, s.Values(t), reference(dt, op, all), "reduce on the root")
+						ExpectValues(dt, s.Values(t), Reference(dt, op, all), "reduce on the root")
 					}
 				})
 				It("reduce_scatter_tensor "+name, func() {
 					setup()
 					const c = 3
-					mine, all := inputs(s, dt, op.Type, c*s.Size, 2)
+					mine, all := s.Inputs(dt, op.Type, c*s.Size, 2)
 					in, out := s.Tensor(dt, mine), s.Zeros(dt, c)
 					s.Done(s.Issued(s.PG.ReduceScatterTensor(bg, out, in, backend.ReduceScatterTensorOptions{ReduceOp: op})))
-					ExpectValues(dt, s.Values(out), reference(dt, op, all)[s.Rank*c:(s.Rank+1)*c], "reduce_scatter_tensor")
+					ExpectValues(dt, s.Values(out), Reference(dt, op, all)[s.Rank*c:(s.Rank+1)*c], "reduce_scatter_tensor")
 				})
 				It("reduce_scatter "+name, func() {
 					setup()
 					const c = 2
-					mine, all := inputs(s, dt, op.Type, c*s.Size, 3)
+					mine, all := s.Inputs(dt, op.Type, c*s.Size, 3)
 					list := make([]*tensor.Tensor, s.Size)
 					for r := range list {
 						list[r] = s.Tensor(dt, mine[r*c:(r+1)*c])
@@ -87,29 +89,29 @@ func defineReductions(s *Suite) {
 						return nil
 					}()
 					Expect(err).NotTo(HaveOccurred())
-					ExpectValues(dt, s.Values(out), reference(dt, op, all)[s.Rank*c:(s.Rank+1)*c], "reduce_scatter")
+					ExpectValues(dt, s.Values(out), Reference(dt, op, all)[s.Rank*c:(s.Rank+1)*c], "reduce_scatter")
 				})
 				It("allreduce_coalesced "+name, func() {
 					setup()
-					a, allA := inputs(s, dt, op.Type, 4, 4)
-					b, allB := inputs(s, dt, op.Type, 6, 5)
+					a, allA := s.Inputs(dt, op.Type, 4, 4)
+					b, allB := s.Inputs(dt, op.Type, 6, 5)
 					ta, tb := s.Tensor(dt, a), s.Tensor(dt, b)
 					w, err := s.PG.AllreduceCoalesced(bg, []*tensor.Tensor{ta, tb}, backend.AllreduceCoalescedOptions{ReduceOp: op})
 					s.SkipUnsupported(err)
 					s.Done(w, err)
-					ExpectValues(dt, s.Values(ta), reference(dt, op, allA), "first tensor")
-					ExpectValues(dt, s.Values(tb), reference(dt, op, allB), "second tensor")
+					ExpectValues(dt, s.Values(ta), Reference(dt, op, allA), "first tensor")
+					ExpectValues(dt, s.Values(tb), Reference(dt, op, allB), "second tensor")
 				})
 				It("reduce_scatter_tensor_coalesced "+name, func() {
 					setup()
-					a, allA := inputs(s, dt, op.Type, 2*s.Size, 6)
-					b, allB := inputs(s, dt, op.Type, 3*s.Size, 7)
+					a, allA := s.Inputs(dt, op.Type, 2*s.Size, 6)
+					b, allB := s.Inputs(dt, op.Type, 3*s.Size, 7)
 					oa, ob := s.Zeros(dt, 2), s.Zeros(dt, 3)
 					w, err := s.PG.ReduceScatterTensorCoalesced(bg, []*tensor.Tensor{oa, ob}, []*tensor.Tensor{s.Tensor(dt, a), s.Tensor(dt, b)}, backend.ReduceScatterTensorCoalescedOptions{ReduceOp: op})
 					s.SkipUnsupported(err)
 					s.Done(w, err)
-					ExpectValues(dt, s.Values(oa), reference(dt, op, allA)[s.Rank*2:(s.Rank+1)*2], "first output")
-					ExpectValues(dt, s.Values(ob), reference(dt, op, allB)[s.Rank*3:(s.Rank+1)*3], "second output")
+					ExpectValues(dt, s.Values(oa), Reference(dt, op, allA)[s.Rank*2:(s.Rank+1)*2], "first output")
+					ExpectValues(dt, s.Values(ob), Reference(dt, op, allB)[s.Rank*3:(s.Rank+1)*3], "second output")
 				})
 			}
 		}
@@ -117,12 +119,12 @@ func defineReductions(s *Suite) {
 		for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16, tensor.Int64} {
 			for _, op := range []backend.ReduceOp{backend.SUM, backend.MAX} {
 				It(fmt.Sprintf("allreduce and reduce_scatter_tensor of a large %s buffer, %s", dt, op), func() {
-					requireDType(s, dt)
+					s.RequireDType(dt)
 					count := 150_001 * s.Size
-					mine, all := inputs(s, dt, op.Type, count, 0)
+					mine, all := s.Inputs(dt, op.Type, count, 0)
 					t := s.Tensor(dt, mine)
 					s.Done(s.PG.Allreduce(bg, []*tensor.Tensor{t}, backend.AllreduceOptions{ReduceOp: op}))
-					want := reference(dt, op, all)
+					want := Reference(dt, op, all)
 					ExpectValues(dt, s.Values(t), want, "large allreduce")
 					c := count / s.Size
 					out := s.Zeros(dt, c)
@@ -137,7 +139,7 @@ func defineReductions(s *Suite) {
 func defineMovement(s *Suite) {
 	Describe("data movement", Label(LabelOps, LabelDTypes), func() {
 		for _, dt := range tensor.DTypes() {
-			val := func(r, i int) float64 { return input(dt, backend.Sum, r, i) }
+			val := func(r, i int) float64 { return Input(dt, backend.Sum, r, i) }
 			row := func(r, n, salt int) []float64 {
 				v := make([]float64, n)
 				for i := range v {
@@ -146,14 +148,14 @@ func defineMovement(s *Suite) {
 				return v
 			}
 			It("broadcast "+dt.String(), func() {
-				requireDType(s, dt)
+				s.RequireDType(dt)
 				root := s.Size - 1
 				t := s.Tensor(dt, row(s.Rank, 11, 0))
 				s.Done(s.PG.Broadcast(bg, []*tensor.Tensor{t}, backend.BroadcastOptions{RootRank: root}))
 				ExpectValues(dt, s.Values(t), row(root, 11, 0), "broadcast")
 			})
 			It("allgather "+dt.String(), func() {
-				requireDType(s, dt)
+				s.RequireDType(dt)
 				outs := make([]*tensor.Tensor, s.Size)
 				for r := range outs {
 					outs[r] = s.Zeros(dt, 5)
@@ -164,7 +166,7 @@ func defineMovement(s *Suite) {
 				}
 			})
 			It("allgather_into_tensor "+dt.String(), func() {
-				requireDType(s, dt)
+				s.RequireDType(dt)
 				out := s.Zeros(dt, 4*s.Size)
 				s.Done(s.PG.AllgatherIntoTensor(bg, out, s.Tensor(dt, row(s.Rank, 4, 2)), backend.AllgatherIntoTensorOptions{}))
 				var want []float64
@@ -174,7 +176,7 @@ func defineMovement(s *Suite) {
 				ExpectValues(dt, s.Values(out), want, "allgather_into_tensor")
 			})
 			It("allgather_coalesced and allgather_into_tensor_coalesced "+dt.String(), func() {
-				requireDType(s, dt)
+				s.RequireDType(dt)
 				outs := [][]*tensor.Tensor{make([]*tensor.Tensor, s.Size), make([]*tensor.Tensor, s.Size)}
 				for r := range s.Size {
 					outs[0][r], outs[1][r] = s.Zeros(dt, 2), s.Zeros(dt, 3)
@@ -199,7 +201,7 @@ func defineMovement(s *Suite) {
 				ExpectValues(dt, s.Values(flat[1]), wb, "second output")
 			})
 			It("alltoall and alltoall_base "+dt.String(), func() {
-				requireDType(s, dt)
+				s.RequireDType(dt)
 				ins, outs := make([]*tensor.Tensor, s.Size), make([]*tensor.Tensor, s.Size)
 				var flatIn []float64
 				for p := range s.Size {
@@ -218,7 +220,7 @@ func defineMovement(s *Suite) {
 				ExpectValues(dt, s.Values(out), want, "alltoall_base")
 			})
 			It("gather and scatter "+dt.String(), func() {
-				requireDType(s, dt)
+				s.RequireDType(dt)
 				root := s.Size - 1
 				var outs [][]*tensor.Tensor
 				if s.Rank == root {
@@ -245,7 +247,7 @@ func defineMovement(s *Suite) {
 				ExpectValues(dt, s.Values(out), row(s.Rank, 4, 6), "scattered")
 			})
 			It("send and recv around the ring "+dt.String(), Label(LabelP2P), func() {
-				requireDType(s, dt)
+				s.RequireDType(dt)
 				s.Require(s.Size > 1, "needs two ranks")
 				next, prev := (s.Rank+1)%s.Size, (s.Rank+s.Size-1)%s.Size
 				in, out := s.Zeros(dt, 6), s.Tensor(dt, row(s.Rank, 6, 7))

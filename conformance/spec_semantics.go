@@ -258,7 +258,7 @@ func defineFailures(s *Suite) {
 		It("fails with ErrRemote naming a dead peer, not a hang", Label(LabelLifetime), func() {
 			s.Gate("lifetime/peer-death")
 			s.Require(s.Size > 1, "needs two ranks")
-			s.Require(!s.onGPU(), "on GPUs this is the child-process spec \"a killed peer is detected ...\": "+
+			s.Require(!s.onStreams(), "on GPUs this is the child-process spec \"a killed peer is detected ...\": "+
 				"the kernel that waits for the dead peer would outlive the spec in this process")
 			g := freshGroup(s, time.Minute)
 			dead := s.Size - 1

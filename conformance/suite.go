@@ -14,9 +14,11 @@
 //
 // The definer is called with the rank's Suite before the tree is built, so
 // its closures use s (s.PG, s.Rank, s.Caps, helpers) and no package state.
-// Backend-specific files (nccl_*.go, gpu_*.go) do the same and gate on
-// s.Backend, s.Device or s.Caps with s.Require, which skips with the
-// reason. Every spec runs on every rank; ranks are kept in step through the
+// The package imports no backend. A backend's own specs live in its own
+// conformance package (backends/nccl/ncclconform), which calls Define the
+// same way, gates on s.Backend, s.Device or s.Caps with s.Require (which
+// skips with the reason), and registers its setup and child-process
+// scenarios with Register; a program links it with a blank import. Every spec runs on every rank; ranks are kept in step through the
 // store before and after each spec, and a spec that fails anywhere makes
 // every rank move to a fresh process group, so one failure does not cascade.
 package conformance
@@ -116,6 +118,21 @@ func (s *Suite) Issued(w backend.Work, err error) (backend.Work, error) {
 	GinkgoHelper()
 	s.SkipUnsupported(err)
 	return w, err
+}
+
+// Store returns the suite's store (its keys live under "conformance/"),
+// for specs that coordinate ranks beyond Sync. Keys a spec sets should
+// carry SpecIndex, so that no two specs share one.
+func (s *Suite) Store() store.Store { return s.store }
+
+// SpecIndex numbers the specs as they run, from 1, the same on every rank.
+func (s *Suite) SpecIndex() int { return s.specN }
+
+// NextSeq numbers an op that a spec issues on a backend directly (not
+// through the dispatcher, which numbers its own), in backend.Meta.Seq.
+func (s *Suite) NextSeq() uint64 {
+	s.opSeq++
+	return s.opSeq
 }
 
 // Ctx returns a context for one step of a spec: the group timeout plus a

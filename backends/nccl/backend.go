@@ -37,6 +37,7 @@ import (
 	"unsafe"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/backends/nccl/internal/ncclhook"
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/internal/watch"
 	"github.com/gocoll/gocoll/tensor"
@@ -69,6 +70,7 @@ type Backend struct {
 
 	cfg  backend.Config
 	opts Options
+	test ncclhook.Knobs // test-only knobs attached to the *Options it was made with
 	rank int
 	size int
 
@@ -132,6 +134,9 @@ func New(ctx context.Context, cfg backend.Config) (*Backend, error) {
 	b := &Backend{cfg: cfg, opts: opts, rank: cfg.Rank, size: cfg.WorldSize,
 		p2p: map[[2]int]*comm{}, stop: make(chan struct{}), wdDone: make(chan struct{}),
 		wd: newWatchdog(cfg, opts), edge: realEdge}
+	if p, ok := cfg.Options.(*Options); ok {
+		b.test = ncclhook.Of(p)
+	}
 	go b.watchdog()
 	if cfg.Device != nil {
 		if cfg.Device.Type != tensor.CUDA {

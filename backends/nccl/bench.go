@@ -14,11 +14,11 @@ import (
 	"github.com/gocoll/gocoll/tensor"
 )
 
-// RawAllreduce issues iters float32 sum allreduces of t, in place, straight
+// rawAllreduce issues iters float32 sum allreduces of t, in place, straight
 // from C on stream s with device dev's communicator: the raw-NCCL baseline
 // that benchmarks compare the backend with. It returns the host time spent
 // issuing them.
-func (b *Backend) RawAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) (time.Duration, error) {
+func (b *Backend) rawAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) (time.Duration, error) {
 	c, err := b.getComm(ctx, t.Device().Index)
 	if err != nil {
 		return 0, err

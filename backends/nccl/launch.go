@@ -136,7 +136,7 @@ func (b *Backend) launch(ctx context.Context, m backend.Meta, c *comm, async boo
 	if err != nil {
 		return nil, b.wrapErr(m, err)
 	}
-	if async && !b.opts.DisableStash {
+	if async && !b.test.DisableStash {
 		w.stashTensors(ins)
 		w.stashTensors(outs)
 	}

@@ -135,14 +135,6 @@ type Options struct {
 	// SplitColor, when not nil, is the color this group passes to
 	// ncclCommSplit; by default it is derived from the group's global ranks.
 	SplitColor *int
-
-	// DisableStash turns off keeping async ops' tensors alive until Wait.
-	// Only for tests that show why the stash exists: freeing an input
-	// early then corrupts the op.
-	DisableStash bool
-	// HangWatchdogForTest makes the watchdog stop advancing (it blocks
-	// until Close), so that the heartbeat monitor fires. Only for tests.
-	HangWatchdogForTest bool
 }
 
 // DefaultOptions returns what Options{} resolves to in an empty

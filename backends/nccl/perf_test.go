@@ -186,7 +186,7 @@ func writePerf(t *testing.T, envs []*rankEnv, world int, layout string) {
 			iters, burst = 20, 20
 		}
 		raw := func(e *rankEnv, k int) error {
-			_, err := e.b.RawAllreduce(e.ctx, xs[e.r], e.cur, 1)
+			_, err := e.b.rawAllreduce(e.ctx, xs[e.r], e.cur, 1)
 			return err
 		}
 		syncOp := func(e *rankEnv, k int) error {
@@ -315,7 +315,7 @@ func BenchmarkAsyncAllreduceHostCost(b *testing.B) {
 	raw := make([]time.Duration, len(envs))
 	each(b, envs, func(e *rankEnv) error {
 		for k := 0; k < b.N; k += 256 {
-			d, err := e.b.RawAllreduce(e.ctx, xs[e.r], e.cur, min(256, b.N-k))
+			d, err := e.b.rawAllreduce(e.ctx, xs[e.r], e.cur, min(256, b.N-k))
 			if err != nil {
 				return err
 			}

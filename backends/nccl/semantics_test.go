@@ -200,13 +200,15 @@ func TestSyncModeRunsOnCurrentStream(t *testing.T) {
 
 // lifetime: free the input right after an async op, then allocate and fill
 // a new buffer of the same size on the current stream. With the stash the
-// result is correct; without it (test-only DisableStash) it is corrupted.
+// result is correct; without it (the test-only knob ncclhook.Knobs.DisableStash,
+// set here on the backends directly) it is corrupted.
 func TestLifetimeStash(t *testing.T) {
 	for _, stash := range []bool{true, false} {
 		t.Run(fmt.Sprintf("stash=%v", stash), func(t *testing.T) {
-			o := testOpts()
-			o.DisableStash = !stash
-			envs := newRanks(t, 0, o)
+			envs := newRanks(t, 0, testOpts())
+			for _, e := range envs {
+				e.b.test.DisableStash = !stash // before any op
+			}
 			each(t, envs, func(e *rankEnv) error {
 				in, err := ones(e)
 				if err != nil {

@@ -105,7 +105,7 @@ func (b *Backend) watchdog() {
 			return
 		case <-t.C:
 		}
-		if b.opts.HangWatchdogForTest {
+		if b.test.HangWatchdog {
 			<-b.stop // the heartbeat stands still from here on
 			return
 		}

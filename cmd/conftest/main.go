@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backends/cpupool"
-	_ "github.com/gocoll/gocoll/backends/nccl" // registers "nccl"; conformance sets its options
+	_ "github.com/gocoll/gocoll/backends/nccl/ncclconform" // registers "nccl" and its specs, setup and child scenarios
 	"github.com/gocoll/gocoll/conformance"
 )
 
@@ -141,12 +141,13 @@ func rank(args []string) error {
 		cfg.Focus = []string{sf.focus}
 	}
 	// One GPU per rank: LOCAL_RANK picks the device when the backend
-	// string routes CUDA tensors ("nccl", "cpu:cpupool,cuda:nccl").
+	// string routes CUDA tensors ("nccl", "cpu:cpupool,cuda:nccl"); the
+	// backend's extension (ncclconform) sets its options.
 	local, err := strconv.Atoi(cmp.Or(os.Getenv("LOCAL_RANK"), "0"))
 	if err != nil {
 		return fmt.Errorf("LOCAL_RANK: %w", err)
 	}
-	if err := conformance.SetupCUDA(&cfg, local); err != nil {
+	if err := conformance.Setup(&cfg, local); err != nil {
 		fmt.Fprintln(os.Stderr, "conftest:", err)
 		os.Exit(2) // a setup error: Launch stops the other ranks
 	}

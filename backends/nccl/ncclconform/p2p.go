@@ -1,4 +1,4 @@
-package conformance
+package ncclconform
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/backends/nccl"
+	"github.com/gocoll/gocoll/conformance"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -15,12 +16,12 @@ import (
 // a port of backends/nccl's TestP2P. The batched case issues its ops on the
 // backend itself inside nccl.Coalesce, as the dispatcher has no block.
 
-func init() { Define(defineNCCLP2P) }
+func init() { conformance.Define(defineNCCLP2P) }
 
-func defineNCCLP2P(s *Suite) {
-	Describe("nccl point to point", Label(LabelP2P), func() {
+func defineNCCLP2P(s *conformance.Suite) {
+	Describe("nccl point to point", Label(conformance.LabelP2P), func() {
 		It("send and recv on the pair communicator, each way, async and sync", func() {
-			e := s.gpu()
+			e := gpu(s)
 			defer e.close()
 			s.Require(s.Size > 1, "needs two ranks")
 			if s.Rank > 1 {
@@ -44,8 +45,8 @@ func defineNCCLP2P(s *Suite) {
 			expectAll(e.read(y), func(i int) float64 { return float64(10*peer + i%7) }, "received")
 		})
 
-		It("batch_isend_irecv: a send and a receive in one coalescing block exchange both ways with one Work", Label(LabelCoalescing), func() {
-			e := s.gpu()
+		It("batch_isend_irecv: a send and a receive in one coalescing block exchange both ways with one Work", Label(conformance.LabelCoalescing), func() {
+			e := gpu(s)
 			defer e.close()
 			s.Require(s.Size > 1, "needs two ranks")
 			// A ring: each rank sends to the next and receives from the

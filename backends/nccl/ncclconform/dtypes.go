@@ -1,4 +1,4 @@
-package conformance
+package ncclconform
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/gomega"    //nolint:revive
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/conformance"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -16,7 +17,7 @@ import (
 // backends/nccl's TestEveryOpEveryDType. The backend-generic specs
 // (spec_ops.go) run the same ops in sync mode on the default stream.
 
-func init() { Define(defineNCCLDTypes) }
+func init() { conformance.Define(defineNCCLDTypes) }
 
 // ncclReduceOps are the reduce ops NCCL does on dt with world ranks; the
 // others are refused (BAND/BOR/BXOR always, AVG and PREMUL_SUM of bool,
@@ -33,13 +34,13 @@ func ncclReduceOps(dt tensor.DType, world int) []backend.ReduceOp {
 	return ops
 }
 
-func defineNCCLDTypes(s *Suite) {
-	Describe("nccl every op and dtype", Label(LabelDTypes, LabelAsync), func() {
+func defineNCCLDTypes(s *conformance.Suite) {
+	Describe("nccl every op and dtype", Label(conformance.LabelDTypes, conformance.LabelAsync), func() {
 		for _, dt := range tensor.DTypes() {
 			It(fmt.Sprintf("every op on %s: async on the current stream, each result read after Wait", dt), func() {
-				e := s.gpu()
+				e := gpu(s)
 				defer e.close()
-				requireDType(s, dt)
+				s.RequireDType(dt)
 				const m = 6
 				root := s.Size - 1
 				done := func(name string, w backend.Work, err error) {
@@ -51,7 +52,7 @@ func defineNCCLDTypes(s *Suite) {
 				row := func(r, n, salt int) []float64 {
 					v := make([]float64, n)
 					for i := range v {
-						v[i] = input(dt, backend.Sum, r, i+salt)
+						v[i] = conformance.Input(dt, backend.Sum, r, i+salt)
 					}
 					return v
 				}
@@ -65,25 +66,25 @@ func defineNCCLDTypes(s *Suite) {
 
 				// Reductions.
 				for _, op := range ncclReduceOps(dt, s.Size) {
-					mine, all := inputs(s, dt, op.Type, m, 0)
+					mine, all := s.Inputs(dt, op.Type, m, 0)
 					x := e.tensor(dt, mine)
 					w, err := s.PG.Allreduce(e.ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{ReduceOp: op, Async: true})
 					done("allreduce "+op.String(), w, err)
-					ExpectValues(dt, e.read(x), reference(dt, op, all), "allreduce "+op.String())
+					conformance.ExpectValues(dt, e.read(x), conformance.Reference(dt, op, all), "allreduce "+op.String())
 				}
-				mine, all := inputs(s, dt, backend.Sum, m*s.Size, 1)
-				sum := reference(dt, backend.SUM, all)
+				mine, all := s.Inputs(dt, backend.Sum, m*s.Size, 1)
+				sum := conformance.Reference(dt, backend.SUM, all)
 				mySum := sum[s.Rank*m : (s.Rank+1)*m]
 				x := e.tensor(dt, mine[:m])
 				w, err := s.PG.Reduce(e.ctx, []*tensor.Tensor{x}, backend.ReduceOptions{RootRank: root, Async: true})
 				done("reduce", w, err)
 				if s.Rank == root {
-					ExpectValues(dt, e.read(x), sum[:m], "reduce on the root")
+					conformance.ExpectValues(dt, e.read(x), sum[:m], "reduce on the root")
 				}
 				out := e.zeros(dt, m)
 				w, err = s.PG.ReduceScatterTensor(e.ctx, out, e.tensor(dt, mine), backend.ReduceScatterTensorOptions{Async: true})
 				done("reduce_scatter_tensor", w, err)
-				ExpectValues(dt, e.read(out), mySum, "reduce_scatter_tensor")
+				conformance.ExpectValues(dt, e.read(out), mySum, "reduce_scatter_tensor")
 				blocks := make([]*tensor.Tensor, s.Size)
 				for r := range blocks {
 					blocks[r] = e.tensor(dt, mine[r*m:(r+1)*m])
@@ -91,30 +92,30 @@ func defineNCCLDTypes(s *Suite) {
 				out = e.zeros(dt, m)
 				w, err = s.PG.ReduceScatter(e.ctx, []*tensor.Tensor{out}, [][]*tensor.Tensor{blocks}, backend.ReduceScatterOptions{Async: true})
 				done("reduce_scatter", w, err)
-				ExpectValues(dt, e.read(out), mySum, "reduce_scatter")
+				conformance.ExpectValues(dt, e.read(out), mySum, "reduce_scatter")
 				c1, c2 := e.tensor(dt, mine[:m]), e.tensor(dt, mine)
 				w, err = s.PG.AllreduceCoalesced(e.ctx, []*tensor.Tensor{c1, c2}, backend.AllreduceCoalescedOptions{Async: true})
 				done("allreduce_coalesced", w, err)
-				ExpectValues(dt, e.read(c1), sum[:m], "allreduce_coalesced, first tensor")
-				ExpectValues(dt, e.read(c2), sum, "allreduce_coalesced, second tensor")
+				conformance.ExpectValues(dt, e.read(c1), sum[:m], "allreduce_coalesced, first tensor")
+				conformance.ExpectValues(dt, e.read(c2), sum, "allreduce_coalesced, second tensor")
 				o1, o2 := e.zeros(dt, m), e.zeros(dt, m)
 				w, err = s.PG.ReduceScatterTensorCoalesced(e.ctx, []*tensor.Tensor{o1, o2}, []*tensor.Tensor{e.tensor(dt, mine), e.tensor(dt, mine)},
 					backend.ReduceScatterTensorCoalescedOptions{Async: true})
 				done("reduce_scatter_tensor_coalesced", w, err)
-				ExpectValues(dt, e.read(o1), mySum, "reduce_scatter_tensor_coalesced, first output")
-				ExpectValues(dt, e.read(o2), mySum, "reduce_scatter_tensor_coalesced, second output")
+				conformance.ExpectValues(dt, e.read(o1), mySum, "reduce_scatter_tensor_coalesced, first output")
+				conformance.ExpectValues(dt, e.read(o2), mySum, "reduce_scatter_tensor_coalesced, second output")
 
 				// Data movement.
 				b := e.tensor(dt, row(s.Rank, m, 2))
 				w, err = s.PG.Broadcast(e.ctx, []*tensor.Tensor{b}, backend.BroadcastOptions{RootRank: root, Async: true})
 				done("broadcast", w, err)
-				ExpectValues(dt, e.read(b), row(root, m, 2), "broadcast")
+				conformance.ExpectValues(dt, e.read(b), row(root, m, 2), "broadcast")
 				in := e.tensor(dt, row(s.Rank, m, 3))
 				big := e.zeros(dt, m*s.Size)
 				w, err = s.PG.AllgatherIntoTensor(e.ctx, big, in, backend.AllgatherIntoTensorOptions{Async: true})
 				done("allgather_into_tensor", w, err)
 				gathered := concat(func(r int) []float64 { return row(r, m, 3) })
-				ExpectValues(dt, e.read(big), gathered, "allgather_into_tensor")
+				conformance.ExpectValues(dt, e.read(big), gathered, "allgather_into_tensor")
 				outs := make([]*tensor.Tensor, s.Size)
 				for r := range outs {
 					outs[r] = e.zeros(dt, m)
@@ -122,12 +123,12 @@ func defineNCCLDTypes(s *Suite) {
 				w, err = s.PG.Allgather(e.ctx, [][]*tensor.Tensor{outs}, []*tensor.Tensor{in}, backend.AllgatherOptions{Async: true})
 				done("allgather", w, err)
 				for r, o := range outs {
-					ExpectValues(dt, e.read(o), row(r, m, 3), fmt.Sprintf("allgather, block of rank %d", r))
+					conformance.ExpectValues(dt, e.read(o), row(r, m, 3), fmt.Sprintf("allgather, block of rank %d", r))
 				}
 				f1, f2 := e.zeros(dt, m*s.Size), e.zeros(dt, m*s.Size)
 				w, err = s.PG.AllgatherIntoTensorCoalesced(e.ctx, []*tensor.Tensor{f1, f2}, []*tensor.Tensor{in, in}, backend.AllgatherIntoTensorCoalescedOptions{Async: true})
 				done("allgather_into_tensor_coalesced", w, err)
-				ExpectValues(dt, e.read(f2), gathered, "allgather_into_tensor_coalesced")
+				conformance.ExpectValues(dt, e.read(f2), gathered, "allgather_into_tensor_coalesced")
 				in2 := e.tensor(dt, row(s.Rank, m+1, 4))
 				lists := [][]*tensor.Tensor{make([]*tensor.Tensor, s.Size), make([]*tensor.Tensor, s.Size)}
 				for r := range s.Size {
@@ -136,8 +137,8 @@ func defineNCCLDTypes(s *Suite) {
 				w, err = s.PG.AllgatherCoalesced(e.ctx, lists, []*tensor.Tensor{in, in2}, backend.AllgatherCoalescedOptions{Async: true})
 				done("allgather_coalesced", w, err)
 				for r := range s.Size {
-					ExpectValues(dt, e.read(lists[0][r]), row(r, m, 3), "allgather_coalesced, first input")
-					ExpectValues(dt, e.read(lists[1][r]), row(r, m+1, 4), "allgather_coalesced, second input")
+					conformance.ExpectValues(dt, e.read(lists[0][r]), row(r, m, 3), "allgather_coalesced, first input")
+					conformance.ExpectValues(dt, e.read(lists[1][r]), row(r, m+1, 4), "allgather_coalesced, second input")
 				}
 				// Block p of rank r's alltoall input is row(r, m, 10p).
 				a2a := e.tensor(dt, concat(func(p int) []float64 { return row(s.Rank, m, 10*p) }))
@@ -145,7 +146,7 @@ func defineNCCLDTypes(s *Suite) {
 				w, err = s.PG.AlltoallBase(e.ctx, a2aOut, a2a, backend.AlltoallBaseOptions{Async: true})
 				done("alltoall_base", w, err)
 				fromAll := concat(func(p int) []float64 { return row(p, m, 10*s.Rank) })
-				ExpectValues(dt, e.read(a2aOut), fromAll, "alltoall_base")
+				conformance.ExpectValues(dt, e.read(a2aOut), fromAll, "alltoall_base")
 				ins, outs2 := make([]*tensor.Tensor, s.Size), make([]*tensor.Tensor, s.Size)
 				for p := range s.Size {
 					ins[p], outs2[p] = e.tensor(dt, row(s.Rank, m, 10*p)), e.zeros(dt, m)
@@ -153,7 +154,7 @@ func defineNCCLDTypes(s *Suite) {
 				w, err = s.PG.Alltoall(e.ctx, outs2, ins, backend.AlltoallOptions{Async: true})
 				done("alltoall", w, err)
 				for p, o := range outs2 {
-					ExpectValues(dt, e.read(o), row(p, m, 10*s.Rank), fmt.Sprintf("alltoall, piece from rank %d", p))
+					conformance.ExpectValues(dt, e.read(o), row(p, m, 10*s.Rank), fmt.Sprintf("alltoall, piece from rank %d", p))
 				}
 				var gl [][]*tensor.Tensor
 				if s.Rank == root {
@@ -166,7 +167,7 @@ func defineNCCLDTypes(s *Suite) {
 				done("gather", w, err)
 				if s.Rank == root {
 					for r, o := range gl[0] {
-						ExpectValues(dt, e.read(o), row(r, m, 3), fmt.Sprintf("gather, from rank %d", r))
+						conformance.ExpectValues(dt, e.read(o), row(r, m, 3), fmt.Sprintf("gather, from rank %d", r))
 					}
 				}
 				var sl [][]*tensor.Tensor
@@ -179,7 +180,7 @@ func defineNCCLDTypes(s *Suite) {
 				sout := e.zeros(dt, m)
 				w, err = s.PG.Scatter(e.ctx, []*tensor.Tensor{sout}, sl, backend.ScatterOptions{RootRank: root, Async: true})
 				done("scatter", w, err)
-				ExpectValues(dt, e.read(sout), row(s.Rank, m, 5), "scatter")
+				conformance.ExpectValues(dt, e.read(sout), row(s.Rank, m, 5), "scatter")
 				if s.Size > 1 {
 					// Around the ring; even ranks send first (a receive
 					// posted first would hold the stream behind it).
@@ -197,13 +198,13 @@ func defineNCCLDTypes(s *Suite) {
 					if s.Rank%2 == 1 {
 						send()
 					}
-					ExpectValues(dt, e.read(recv), row(prev, m, 3), "received")
+					conformance.ExpectValues(dt, e.read(recv), row(prev, m, 3), "received")
 				}
 			})
 		}
 
-		It("BAND, BOR and BXOR are refused with PyTorch's message", Label(LabelErrors), func() {
-			e := s.gpu()
+		It("BAND, BOR and BXOR are refused with PyTorch's message", Label(conformance.LabelErrors), func() {
+			e := gpu(s)
 			defer e.close()
 			x := e.tensor(tensor.Int32, []float64{1, 2, 3})
 			for _, op := range []backend.ReduceOp{backend.BAND, backend.BOR, backend.BXOR} {

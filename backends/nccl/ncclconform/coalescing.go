@@ -1,4 +1,4 @@
-package conformance
+package ncclconform
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/backends/nccl"
+	"github.com/gocoll/gocoll/conformance"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -18,12 +19,12 @@ import (
 // spec issues its ops on the backend itself (nccl.Coalesce), with numbers
 // of its own.
 
-func init() { Define(defineNCCLCoalescing) }
+func init() { conformance.Define(defineNCCLCoalescing) }
 
-func defineNCCLCoalescing(s *Suite) {
-	Describe("nccl coalescing", Label(LabelCoalescing, LabelAsync), func() {
+func defineNCCLCoalescing(s *conformance.Suite) {
+	Describe("nccl coalescing", Label(conformance.LabelCoalescing, conformance.LabelAsync), func() {
 		It("a coalesced block gives one Work: its ops return none, and the block's Work covers them all", func() {
-			e := s.gpu()
+			e := gpu(s)
 			defer e.close()
 			s.Require(s.Caps.Coalescing, "the backend has no coalescing blocks")
 			var xs []*tensor.Tensor
@@ -56,7 +57,7 @@ func defineNCCLCoalescing(s *Suite) {
 			g.Open()
 			Expect(w.Wait(e.ctx)).To(Succeed())
 			for k, x := range xs {
-				want := float64(s.Size*k) + s.sumRanks() - float64(s.Size)
+				want := float64(s.Size*k) + sumRanks(s) - float64(s.Size)
 				expectAll(e.read(x), func(int) float64 { return want }, fmt.Sprintf("tensor %d", k))
 			}
 			Expect(w.IsCompleted()).To(BeTrue())

@@ -1,4 +1,4 @@
-package conformance
+package ncclconform
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/backends/nccl"
+	"github.com/gocoll/gocoll/backends/nccl/internal/ncclhook"
+	"github.com/gocoll/gocoll/conformance"
 	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -18,7 +20,7 @@ import (
 // article's stash and rule 4): ports of backends/nccl's TestLifetimeStash
 // and TestSideStreamInput.
 
-func init() { Define(defineNCCLLifetime) }
+func init() { conformance.Define(defineNCCLLifetime) }
 
 // freeAndReuse is the lifetime program: an async allgather_into_tensor is
 // issued while the NCCL stream is gated, its input is freed at once, and a
@@ -53,12 +55,11 @@ func freeAndReuse(e *gpuEnv, b backend.Backend, issue func(out, in *tensor.Tenso
 	return e.read(out), reused
 }
 
-func defineNCCLLifetime(s *Suite) {
-	Describe("nccl tensor lifetime", Label(LabelLifetime, LabelAsync), func() {
+func defineNCCLLifetime(s *conformance.Suite) {
+	Describe("nccl tensor lifetime", Label(conformance.LabelLifetime, conformance.LabelAsync), func() {
 		It("with the stash, an input freed right after an async op is not reused until Wait, and the result is correct", func() {
-			e := s.gpu()
+			e := gpu(s)
 			defer e.close()
-			Expect(e.b.Options().DisableStash).To(BeFalse(), "the run's nccl options turn the stash off")
 			got, reused := freeAndReuse(e, e.b, func(out, in *tensor.Tensor) (backend.Work, error) {
 				return s.PG.AllgatherIntoTensor(e.ctx, out, in, backend.AllgatherIntoTensorOptions{Async: true})
 			})
@@ -66,20 +67,20 @@ func defineNCCLLifetime(s *Suite) {
 			expectAll(got, func(i int) float64 { return float64(i/gpuN + 1) }, "allgather_into_tensor")
 		})
 
-		It("without the stash (nccl.Options.DisableStash), the same program reads the freed input's reused memory and is corrupted", func() {
-			e := s.gpu()
+		It("without the stash (test-only knob ncclhook.Knobs.DisableStash), the same program reads the freed input's reused memory and is corrupted", func() {
+			e := gpu(s)
 			defer e.close()
 			// A backend of its own, with the test-only option; every rank
 			// makes it at this point, before any gate closes.
 			ctx, cancel := s.Ctx()
 			defer cancel()
 			opts := e.b.Options()
-			opts.DisableStash = true
-			st, err := store.NewPrefixStore(fmt.Sprintf("nostash/%d", s.specN), s.store)
+			ncclhook.Set(&opts, ncclhook.Knobs{DisableStash: true})
+			st, err := store.NewPrefixStore(fmt.Sprintf("nostash/%d", s.SpecIndex()), s.Store())
 			Expect(err).NotTo(HaveOccurred())
 			dev := s.Device
-			nb, err := nccl.New(ctx, backend.Config{Store: st, Rank: s.Rank, WorldSize: s.Size, GroupName: fmt.Sprintf("conformance_nostash_%d", s.specN),
-				GroupDesc: "conformance:nostash", Timeout: s.Timeout, Device: &dev, Options: opts})
+			nb, err := nccl.New(ctx, backend.Config{Store: st, Rank: s.Rank, WorldSize: s.Size, GroupName: fmt.Sprintf("conformance_nostash_%d", s.SpecIndex()),
+				GroupDesc: "conformance:nostash", Timeout: s.Timeout, Device: &dev, Options: &opts})
 			Expect(err).NotTo(HaveOccurred())
 			e.defer_(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -103,8 +104,8 @@ func defineNCCLLifetime(s *Suite) {
 			AddReportEntry("corruption", fmt.Sprintf("rank %d: block %d of the output holds 7.0 (the new buffer's fill), not the input %d", s.Rank, s.Rank, s.Rank+1))
 		})
 
-		It("rule 4: an input written on a side stream is safe only once the current stream waits on that stream", Label(LabelStream), func() {
-			e := s.gpu()
+		It("rule 4: an input written on a side stream is safe only once the current stream waits on that stream", Label(conformance.LabelStream), func() {
+			e := gpu(s)
 			defer e.close()
 			side := e.stream()
 			link := e.event()

@@ -1,4 +1,4 @@
-package conformance
+package ncclconform
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/backends/nccl"
+	"github.com/gocoll/gocoll/conformance"
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -36,7 +37,7 @@ const gateSafety = 15 * time.Second
 // serving s.PG's CUDA tensors, a current stream of its own (non-blocking,
 // as PyTorch's stream pool) and the context that carries it.
 type gpuEnv struct {
-	s   *Suite
+	s   *conformance.Suite
 	ord int
 	dev *cuda.Device
 	b   *nccl.Backend
@@ -53,7 +54,7 @@ type gpuEnv struct {
 // gpu returns the spec's GPU environment, or skips: "no CUDA device" when
 // the run puts tensors elsewhere, or when CUDA tensors do not go to nccl.
 // The caller defers e.close().
-func (s *Suite) gpu() *gpuEnv {
+func gpu(s *conformance.Suite) *gpuEnv {
 	GinkgoHelper()
 	if s.Device.Type != tensor.CUDA {
 		why := fmt.Sprintf("the suite runs on %s tensors with backend %q", s.Device, s.Backend)
@@ -260,8 +261,7 @@ func (e *gpuEnv) waitCtx() (context.Context, context.CancelFunc) {
 // meta numbers an op that a spec issues on the backend directly (the
 // dispatcher has no coalescing blocks).
 func (e *gpuEnv) meta(op backend.Op) backend.Meta {
-	e.s.opSeq++
-	return backend.Meta{Op: op, Seq: e.s.opSeq, Timeout: e.s.Timeout}
+	return backend.Meta{Op: op, Seq: e.s.NextSeq(), Timeout: e.s.Timeout}
 }
 
 // pinnedF32 reads float32 element i of pinned memory.
@@ -284,4 +284,4 @@ func expectAll(got []float64, want func(i int) float64, what string) {
 }
 
 // sumRanks is 1 + 2 + ... + size: the sum of every rank's rank+1.
-func (s *Suite) sumRanks() float64 { return float64(s.Size * (s.Size + 1) / 2) }
+func sumRanks(s *conformance.Suite) float64 { return float64(s.Size * (s.Size + 1) / 2) }

@@ -1,4 +1,4 @@
-package conformance
+package ncclconform
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/backends/nccl"
+	"github.com/gocoll/gocoll/conformance"
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -19,15 +20,15 @@ import (
 // TestWaitOrdersOnlyTheWaitingStream, TestSyncModeRunsOnCurrentStream and
 // TestBarrier, issued through the dispatcher.
 
-func init() { Define(defineNCCLStream) }
+func init() { conformance.Define(defineNCCLStream) }
 
 // gpuN is the element count of the GPU specs' buffers.
 const gpuN = 1024
 
-func defineNCCLStream(s *Suite) {
-	Describe("nccl stream semantics", Label(LabelStream, LabelAsync), func() {
+func defineNCCLStream(s *conformance.Suite) {
+	Describe("nccl stream semantics", Label(conformance.LabelStream, conformance.LabelAsync), func() {
 		It("async: the op returns while the current stream is gated; IsCompleted stays false until the gate opens", func() {
-			e := s.gpu()
+			e := gpu(s)
 			defer e.close()
 			x := e.fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
 			g := e.newGate()
@@ -47,11 +48,11 @@ func defineNCCLStream(s *Suite) {
 			Expect(w.WaitHost(ctx)).To(Succeed())
 			Expect(w.IsCompleted()).To(BeTrue(), "IsCompleted false after WaitHost")
 			Expect(w.Wait(e.ctx)).To(Succeed())
-			expectAll(e.read(x), func(int) float64 { return s.sumRanks() }, "allreduce")
+			expectAll(e.read(x), func(int) float64 { return sumRanks(s) }, "allreduce")
 		})
 
 		It("Wait returns at once while the NCCL stream is held, and a copy queued after it on the current stream sees the reduced value", func() {
-			e := s.gpu()
+			e := gpu(s)
 			defer e.close()
 			x := e.fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
 			ns := e.ncclStream()
@@ -75,12 +76,12 @@ func defineNCCLStream(s *Suite) {
 			defer cancel()
 			Expect(ev.Wait(ctx)).To(Succeed())
 			for _, i := range []int{0, gpuN / 2, gpuN - 1} {
-				Expect(pinnedF32(pin, i)).To(Equal(s.sumRanks()), "element %d of the copy after Wait", i)
+				Expect(pinnedF32(pin, i)).To(Equal(sumRanks(s)), "element %d of the copy after Wait", i)
 			}
 		})
 
 		It("Wait under another stream than the producer's orders only that stream: it sees the result, the producer's stream does not wait", func() {
-			e := s.gpu()
+			e := gpu(s)
 			defer e.close()
 			x := e.fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
 			other := e.stream()
@@ -112,11 +113,11 @@ func defineNCCLStream(s *Suite) {
 			Expect(w.IsCompleted()).To(BeFalse())
 			g.Open()
 			Expect(evB.Wait(ctx)).To(Succeed())
-			Expect(pinnedF32(pinB, gpuN-1)).To(Equal(s.sumRanks()), "B's copy after Wait sees the reduced value")
+			Expect(pinnedF32(pinB, gpuN-1)).To(Equal(sumRanks(s)), "B's copy after Wait sees the reduced value")
 		})
 
-		It("sync mode: the kernel is on the current stream, so it cannot complete while that stream is gated; the host is not blocked", Label(LabelStream), func() {
-			e := s.gpu()
+		It("sync mode: the kernel is on the current stream, so it cannot complete while that stream is gated; the host is not blocked", Label(conformance.LabelStream), func() {
+			e := gpu(s)
 			defer e.close()
 			x := e.fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
 			g := e.newGate()
@@ -133,12 +134,12 @@ func defineNCCLStream(s *Suite) {
 			Consistently(w.IsCompleted, 50*time.Millisecond, 10*time.Millisecond).Should(BeFalse(),
 				"the sync-mode op completed while its stream is gated")
 			g.Open()
-			expectAll(e.read(x), func(int) float64 { return s.sumRanks() }, "allreduce")
+			expectAll(e.read(x), func(int) float64 { return sumRanks(s) }, "allreduce")
 			Expect(w.IsCompleted()).To(BeTrue())
 		})
 
 		It("barrier: its Wait blocks the host until the work issued before it, held on the NCCL stream, has completed", func() {
-			e := s.gpu()
+			e := gpu(s)
 			defer e.close()
 			x := e.fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
 			ns := e.ncclStream()
@@ -157,7 +158,7 @@ func defineNCCLStream(s *Suite) {
 			Expect(w1.IsCompleted()).To(BeTrue(), "the barrier returned before the earlier op completed")
 			Expect(bw.IsCompleted()).To(BeTrue())
 			Expect(w1.Wait(e.ctx)).To(Succeed())
-			expectAll(e.read(x), func(int) float64 { return s.sumRanks() }, "allreduce before the barrier")
+			expectAll(e.read(x), func(int) float64 { return sumRanks(s) }, "allreduce before the barrier")
 		})
 	})
 }

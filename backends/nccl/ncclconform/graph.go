@@ -1,4 +1,4 @@
-package conformance
+package ncclconform
 
 import (
 	"runtime"
@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/gomega"    //nolint:revive
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/conformance"
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/internal/frtrace"
 	"github.com/gocoll/gocoll/tensor"
@@ -21,12 +22,12 @@ import (
 // replays dump nothing. The nccl backend's own form is
 // backends/nccl's TestGraphCaptureSkipsWatchdog.
 
-func init() { Define(defineNCCLGraph) }
+func init() { conformance.Define(defineNCCLGraph) }
 
-func defineNCCLGraph(s *Suite) {
-	Describe("nccl CUDA graph capture", Label(LabelStream), func() {
+func defineNCCLGraph(s *conformance.Suite) {
+	Describe("nccl CUDA graph capture", Label(conformance.LabelStream), func() {
 		It("sync mode: a captured allgather_into_tensor is not failed and not pending; replays run it; nothing is dumped", func() {
-			e := s.gpu()
+			e := gpu(s)
 			defer e.close()
 			fr := s.PG.FlightRecorder()
 			in := e.fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
