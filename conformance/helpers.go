@@ -67,21 +67,29 @@ func (s *Suite) SkipUnsupported(err error) {
 	}
 }
 
-// Input is rank r's element i for a spec: small integers, so that sums
-// and products are exact in every dtype (fp8 e5m2 holds the integers up to
-// 8 exactly, so its values are 0 and 1).
+// Input is rank r's element i for a spec. Every rank's data differs from
+// every other rank's at any world size up to 8, so that a wrong root or
+// two swapped blocks change a result: the integer formulas differ at every
+// position, and the two-valued ones (bool, float8, PRODUCT) spell r in
+// binary over any three consecutive positions (bit i%3 of r). The values
+// are small integers, so that they and every reduction of up to 8 ranks
+// are exact in every dtype: float8 e5m2 holds the integers up to 8 exactly
+// (so its values are 0 and 1, and PREMUL_SUM's doubled sums stay even
+// integers up to 16); a product has at most 4 factors of 2; sums stay
+// within 8 × 7, doubled 112, below int8's 127.
 func Input(dt tensor.DType, op backend.RedOpType, r, i int) float64 {
+	bit := float64(r >> (i % 3) & 1)
 	switch {
 	case dt == tensor.Bool || dt == tensor.Float8E5M2 || dt == tensor.Float8E4M3:
-		return float64((r + i) % 2)
+		return bit
 	case op == backend.Product:
-		return float64(1 + (r+i)%2)
+		return 1 + bit
 	case op == backend.BAnd || op == backend.BOr || op == backend.BXor:
-		return float64((r*5 + i*3) % 8)
+		return float64((r*5 + i*3) % 8) // 5 is odd: a permutation of the ranks mod 8
 	case dt == tensor.Uint8:
-		return float64((r + i) % 3)
+		return float64((r + i) % 8)
 	default:
-		return float64((r+i)%3 - (i % 2)) // negatives too
+		return float64((r+i)%8 - i%2) // negatives too
 	}
 }
 
