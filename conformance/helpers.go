@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -45,8 +46,14 @@ func (s *Suite) Done(w backend.Work, err error) {
 	Expect(w).NotTo(BeNil())
 	ctx, cancel := s.Ctx()
 	defer cancel()
-	Expect(w.Wait(ctx)).To(Succeed())
-	Expect(w.WaitHost(ctx)).To(Succeed())
+	for _, wait := range []func(context.Context) error{w.Wait, w.WaitHost} {
+		err := wait(ctx)
+		if err != nil && ctx.Err() != nil {
+			// Say why the wait was cut short: another rank failed the spec.
+			Fail(fmt.Sprintf("%v (the wait ended with: %v)", context.Cause(ctx), err))
+		}
+		Expect(err).NotTo(HaveOccurred())
+	}
 }
 
 func isUnsupported(err error) bool { return errors.Is(err, backend.ErrUnsupported) }

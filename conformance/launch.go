@@ -236,7 +236,12 @@ func merge(reports []*types.Report) types.Report {
 		}
 		for _, sp := range rep.SpecReports {
 			i, ok := index[specKey(sp)]
-			if !ok || !sp.Failed() || base.SpecReports[i].Failed() {
+			if !ok || !sp.Failed() {
+				continue
+			}
+			// Keep the first rank's own failure; one that only says
+			// another rank failed first gives way to that rank's.
+			if prev := base.SpecReports[i]; prev.Failed() && (!secondary(prev) || secondary(sp)) {
 				continue
 			}
 			f := sp.Failure

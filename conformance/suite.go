@@ -18,9 +18,12 @@
 // conformance package (backends/nccl/ncclconform), which calls Define the
 // same way, gates on s.Backend, s.Device or s.Caps with s.Require (which
 // skips with the reason), and registers its setup and child-process
-// scenarios with Register; a program links it with a blank import. Every spec runs on every rank; ranks are kept in step through the
-// store before and after each spec, and a spec that fails anywhere makes
-// every rank move to a fresh process group, so one failure does not cascade.
+// scenarios with Register; a program links it with a blank import.
+//
+// Every spec runs on every rank; ranks are kept in step through the store
+// before and after each spec (lockstep.go): a rank whose spec fails tells
+// the others at once, so they stop waiting for it, and every rank then
+// moves to a fresh process group, so one failure does not cascade.
 package conformance
 
 import (
@@ -31,6 +34,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -98,7 +102,7 @@ type Suite struct {
 	skips map[string]string
 	store store.Store // prefixed "conformance/" for the suite's own keys
 	specN int
-	syncN int
+	spec  *specRun // the spec running now (lockstep.go); nil between specs
 	onEnd []func() // run first thing in the spec's AfterEach; see OnSpecEnd
 	opSeq uint64   // numbers ops that specs issue on a backend directly
 }
@@ -136,9 +140,15 @@ func (s *Suite) NextSeq() uint64 {
 }
 
 // Ctx returns a context for one step of a spec: the group timeout plus a
-// margin, so that a spec never hangs on a broken peer.
+// margin, so that a spec never hangs on a broken peer. It ends at once when
+// the spec fails on another rank (its cause says which), so that this rank
+// stops waiting for what that rank will not do.
 func (s *Suite) Ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), s.Timeout+30*time.Second)
+	parent := context.Background()
+	if s.spec != nil {
+		parent = s.spec.ctx
+	}
+	return context.WithTimeout(parent, s.Timeout+30*time.Second)
 }
 
 // Require skips the current spec, with reason, unless ok.
@@ -148,26 +158,18 @@ func (s *Suite) Require(ok bool, reason string) {
 	}
 }
 
-// Sync is a store barrier across every rank: it returns once all ranks
-// have called it the same number of times.
+// Sync is a store barrier across every rank within a spec: it returns
+// once all ranks have called it the same number of times in this spec. It
+// fails at once when the spec has failed on another rank.
 func (s *Suite) Sync() error {
-	s.syncN++
+	sp := s.spec
+	if sp == nil {
+		return errors.New("conformance: Sync outside a spec")
+	}
+	sp.syncN++
 	ctx, cancel := s.Ctx()
 	defer cancel()
-	key := "sync/" + strconv.Itoa(s.syncN)
-	n, err := s.store.Add(ctx, key, 1)
-	if err != nil {
-		return fmt.Errorf("conformance: sync %d: %w", s.syncN, err)
-	}
-	if n == int64(s.Size) {
-		if err := s.store.Set(ctx, key+"/done", []byte("1")); err != nil {
-			return fmt.Errorf("conformance: sync %d: %w", s.syncN, err)
-		}
-	}
-	if err := s.store.Wait(ctx, key+"/done"); err != nil {
-		return fmt.Errorf("conformance: sync %d: ranks did not all arrive: %w", s.syncN, err)
-	}
-	return nil
+	return s.barrier(ctx, stepKey(sp.n, "sync/"+strconv.Itoa(sp.syncN)))
 }
 
 // NewGroup makes a fresh group of every rank with its own backend, for
@@ -331,43 +333,13 @@ func (s *Suite) declare(progress io.Writer, info []string) {
 		})
 	}
 	BeforeEach(func() {
-		s.specN++
-		if err := s.Sync(); err != nil {
+		if err := s.beginSpec(); err != nil {
 			Fail(err.Error())
 		}
 	})
 	AfterEach(func() {
-		for len(s.onEnd) > 0 {
-			f := s.onEnd[len(s.onEnd)-1]
-			s.onEnd = s.onEnd[:len(s.onEnd)-1]
-			f()
-		}
-		failed := CurrentSpecReport().Failed()
-		ctx, cancel := s.Ctx()
-		defer cancel()
-		key := "failed/" + strconv.Itoa(s.specN)
-		if failed {
-			// Break the group now, so peers blocked on this rank fail
-			// fast instead of waiting for their timeout.
-			_ = s.PG.Abort(ctx, fmt.Errorf("conformance: spec failed on rank %d", s.Rank))
-			_, _ = s.store.Add(ctx, key, 1)
-		}
-		if err := s.Sync(); err != nil {
-			Fail(err.Error())
-		}
-		n, err := s.store.Add(ctx, key, 0)
-		if err != nil {
-			Fail(err.Error())
-		}
-		if n > 0 { // the group may be out of step: every rank starts afresh
-			if !failed {
-				_ = s.PG.Abort(ctx, errors.New("conformance: spec failed on another rank"))
-			}
-			pg, err := s.NewGroup(ctx, s.Timeout)
-			if err != nil {
-				Fail("conformance: replacing the spec group: " + err.Error())
-			}
-			s.PG = pg
+		if errs := s.endSpec(CurrentSpecReport().Failed()); len(errs) > 0 {
+			Fail(strings.Join(errs, "; "))
 		}
 	})
 	if progress != nil && s.Rank == 0 {
