@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs torch 2.x (the GPU machine's python3) against gocoll's TCPStore
-# server: scripts/store_torch211_check.py. Build first, on the dev machine:
+# server: python/store_torch211_check.py. Build first, on the dev machine:
 #   CGO_ENABLED=0 go build -o .gpu/store/gocoll-store ./cmd/gocoll-store
 # then call the device tool's run with carry [".gpu/store"] and the command
 #   sh scripts/store-gpu-run.sh
@@ -17,7 +17,7 @@ export NCCL_NVLS_ENABLE=0
 	.gpu/store/gocoll-store serve --addr 127.0.0.1:$PORT --engine "${ENGINE:-auto}" >"$OUT/server.log" 2>&1 &
 	SP=$!
 	sleep 0.5
-	timeout 170 python3 scripts/store_torch211_check.py 127.0.0.1 $PORT
+	timeout 170 python3 python/store_torch211_check.py 127.0.0.1 $PORT
 	RC=$?
 	kill -INT $SP
 	wait $SP

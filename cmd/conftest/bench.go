@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/backends/cpupool"
 	"github.com/gocoll/gocoll/dispatcher"
+	"github.com/gocoll/gocoll/python"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -26,7 +26,8 @@ const benchPrefix = "BENCH "
 
 // bench runs the allreduce benchmark (float32 SUM, out of the dispatcher's
 // public path) over each world size, and with --gloo the same sizes on
-// torch's gloo through scripts/bench_gloo.py, and prints them side by side
+// torch's gloo through python/bench_gloo.py (embedded in this binary, so it
+// runs from any directory), and prints them side by side
 // in nccl-tests' units: algbw = bytes / time, busbw = algbw * 2(n-1)/n.
 func bench(args []string) error {
 	fs := flag.NewFlagSet("conftest bench", flag.ExitOnError)
@@ -35,9 +36,9 @@ func bench(args []string) error {
 	maxB := fs.String("max", "64M", "largest message in bytes")
 	factor := fs.Int("factor", 8, "size step factor")
 	threads := fs.Int("threads", 2, "cpupool worker threads")
-	gloo := fs.Bool("gloo", false, "also run torch gloo (python3 scripts/bench_gloo.py) on the same sizes")
-	python := fs.String("python", "/usr/bin/python3", "python with torch, for --gloo")
-	script := fs.String("script", "scripts/bench_gloo.py", "the gloo benchmark script")
+	gloo := fs.Bool("gloo", false, "also run torch gloo (python/bench_gloo.py, embedded) on the same sizes")
+	py := fs.String("python", "/usr/bin/python3", "python with torch, for --gloo")
+	script := fs.String("script", "", "the gloo benchmark script (default: the embedded python/bench_gloo.py)")
 	scale := fs.Float64("iters", 1, "scale the iteration counts")
 	sizeList := fs.String("sizes", "8,64,512,4K,32K,64K,256K,1M,4M,16M,64M", "message sizes (overrides --min/--max/--factor when set)")
 	tune := fs.String("tune", "", "extra bench-rank flags for cpupool, e.g. '--segment 1048576 --sockbuf 4194304'")
@@ -73,6 +74,17 @@ func bench(args []string) error {
 	if err != nil {
 		return err
 	}
+	glooScript := *script
+	if *gloo && glooScript == "" {
+		dir, err := os.MkdirTemp("", "conftest-gloo-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if glooScript, err = python.Write(dir, "bench_gloo.py"); err != nil {
+			return err
+		}
+	}
 	for _, ns := range strings.Split(*nprocs, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(ns))
 		if err != nil || n < 1 {
@@ -86,12 +98,8 @@ func bench(args []string) error {
 		}
 		var theirs map[int]float64
 		if *gloo {
-			path := *script
-			if _, err := os.Stat(path); err != nil {
-				path = filepath.Join(filepath.Dir(exe), "..", "..", *script)
-			}
 			theirs, err = launchBench(1, func(port int) []string {
-				return []string{*python, path, "--nproc", strconv.Itoa(n), "--port", strconv.Itoa(port), "--sizes", strings.Join(sizes, ","), "--iters", fmt.Sprint(*scale)}
+				return []string{*py, glooScript, "--nproc", strconv.Itoa(n), "--port", strconv.Itoa(port), "--sizes", strings.Join(sizes, ","), "--iters", fmt.Sprint(*scale)}
 			}, false)
 			if err != nil {
 				return fmt.Errorf("gloo bench, %d ranks: %w", n, err)
