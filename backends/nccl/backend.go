@@ -421,7 +421,7 @@ func (b *Backend) PerformNocolorSplit(ctx context.Context, dev int) error {
 // and everyone calls ncclCommInitRank{Config,Scalable}.
 func (b *Backend) createComm(ctx context.Context, c *comm, storeKey string, rank, size int) error {
 	st := b.cfg.Store
-	scalable := b.opts.ForceScalableInit || size > b.opts.RanksPerRoot
+	scalable := b.test.ForceScalableInit || size > b.opts.RanksPerRoot
 	nroots := 1
 	if scalable {
 		nroots = (size + b.opts.RanksPerRoot - 1) / b.opts.RanksPerRoot

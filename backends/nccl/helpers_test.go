@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/backends/nccl/internal/ncclhook"
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
@@ -60,6 +61,14 @@ func (e *rankEnv) meta(op backend.Op) backend.Meta {
 // with an eagerly created communicator and a current stream.
 func newRanks(t testing.TB, world int, opts Options) []*rankEnv {
 	t.Helper()
+	return newRanksKnobs(t, world, opts, ncclhook.Knobs{})
+}
+
+// newRanksKnobs is newRanks with the test-only knobs k.
+func newRanksKnobs(t testing.TB, world int, opts Options, k ncclhook.Knobs) []*rankEnv {
+	t.Helper()
+	po := &opts
+	ncclhook.Set(po, k)
 	n := gpus(t)
 	if world <= 0 {
 		world = n
@@ -77,7 +86,7 @@ func newRanks(t testing.TB, world int, opts Options) []*rankEnv {
 			defer wg.Done()
 			dev := tensor.CUDADevice(r)
 			b, err := New(context.Background(), backend.Config{Store: st, Rank: r, WorldSize: world, GroupName: "0",
-				GroupDesc: "test", Timeout: time.Minute, Device: &dev, Options: opts})
+				GroupDesc: "test", Timeout: time.Minute, Device: &dev, Options: po})
 			if err != nil {
 				errs[r] = err
 				return

@@ -117,9 +117,6 @@ type Options struct {
 	// (ncclCommInitRankScalable) (GOCOLL_NCCL_RANKS_PER_ROOT; zero: 128;
 	// negative is invalid).
 	RanksPerRoot int
-	// ForceScalableInit uses ncclCommInitRankScalable whatever the size;
-	// for tests.
-	ForceScalableInit bool
 	// WatchdogInterval is how often the watchdog polls (zero: 100 ms;
 	// negative is invalid).
 	WatchdogInterval time.Duration

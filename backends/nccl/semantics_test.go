@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/backends/nccl/internal/ncclhook"
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
@@ -200,15 +201,12 @@ func TestSyncModeRunsOnCurrentStream(t *testing.T) {
 
 // lifetime: free the input right after an async op, then allocate and fill
 // a new buffer of the same size on the current stream. With the stash the
-// result is correct; without it (the test-only knob ncclhook.Knobs.DisableStash,
-// set here on the backends directly) it is corrupted.
+// result is correct; without it (the test-only knob ncclhook.Knobs.DisableStash)
+// it is corrupted.
 func TestLifetimeStash(t *testing.T) {
 	for _, stash := range []bool{true, false} {
 		t.Run(fmt.Sprintf("stash=%v", stash), func(t *testing.T) {
-			envs := newRanks(t, 0, testOpts())
-			for _, e := range envs {
-				e.b.test.DisableStash = !stash // before any op
-			}
+			envs := newRanksKnobs(t, 0, testOpts(), ncclhook.Knobs{DisableStash: !stash})
 			each(t, envs, func(e *rankEnv) error {
 				in, err := ones(e)
 				if err != nil {
@@ -645,9 +643,8 @@ func TestInitVariants(t *testing.T) {
 	})
 	t.Run("scalable", func(t *testing.T) {
 		o := testOpts()
-		o.ForceScalableInit = true
 		o.RanksPerRoot = 1
-		check(t, newRanks(t, 0, o))
+		check(t, newRanksKnobs(t, 0, o, ncclhook.Knobs{ForceScalableInit: true}))
 	})
 	t.Run("split", func(t *testing.T) {
 		parents := newRanks(t, 0, testOpts())

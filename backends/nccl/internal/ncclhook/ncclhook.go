@@ -18,6 +18,10 @@ type Knobs struct {
 	// HangWatchdog makes the watchdog stop advancing (it blocks until
 	// Close), so that the heartbeat monitor fires.
 	HangWatchdog bool
+	// ForceScalableInit makes communicator init use
+	// ncclCommInitRankScalable whatever the world size, so that one GPU
+	// tests that path.
+	ForceScalableInit bool
 }
 
 var (
