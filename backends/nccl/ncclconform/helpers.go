@@ -253,9 +253,12 @@ func (e *gpuEnv) sync() {
 	Expect(e.cur.Synchronize()).To(Succeed())
 }
 
-// waitCtx bounds a host wait in a spec.
+// waitCtx bounds a host wait in a spec; it ends early when the spec fails
+// on another rank (conformance.Suite.Ctx).
 func (e *gpuEnv) waitCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), 20*time.Second)
+	sctx, scancel := e.s.Ctx()
+	ctx, cancel := context.WithTimeout(sctx, 20*time.Second)
+	return ctx, func() { cancel(); scancel() }
 }
 
 // meta numbers an op that a spec issues on the backend directly (the
