@@ -92,6 +92,11 @@ func TestFailedSpecResyncs(t *testing.T) {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
+	for r, c := range res.ExitCodes {
+		if c != 0 && c != 1 { // 1: a spec failed on that rank, as planted
+			t.Errorf("rank %d exited with status %d (a crash, or the race detector)", r, c)
+		}
+	}
 	// 3 planted specs and allreduce float32 × SUM AVG PRODUCT MIN MAX PREMUL_SUM.
 	if res.Passed != 7 || res.Failed != 2 || res.Skipped != 0 {
 		t.Errorf("got %d passed, %d failed, %d skipped; want 7, 2, 0", res.Passed, res.Failed, res.Skipped)
