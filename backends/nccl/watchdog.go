@@ -112,7 +112,7 @@ func (b *Backend) watchdog() {
 		b.heartbeat.Add(1)
 		b.mu.Lock()
 		scratch = b.wd.AppendPending(scratch[:0])
-		b.retireLocked(scratch) // failed elsewhere (Work.Abort) since the last round
+		b.retireLocked() // failed elsewhere (Work.Abort) since the last round
 		b.mu.Unlock()
 		if len(scratch) == 0 {
 			continue
@@ -133,7 +133,7 @@ func (b *Backend) watchdog() {
 			}
 		}
 		b.mu.Lock()
-		b.retireLocked(scratch)
+		b.retireLocked()
 		acts := b.wd.Tick(b.edge.now())
 		b.mu.Unlock()
 		b.perform(context.Background(), acts, nil)
@@ -141,7 +141,7 @@ func (b *Backend) watchdog() {
 		// The works failed this round leave too, their stashes kept: their
 		// kernels may still run. The completed ones' stashes are released
 		// at the next op.
-		b.retireLocked(scratch)
+		b.retireLocked()
 		for _, w := range freed {
 			w.mu.Lock()
 			b.unstash = append(b.unstash, w.takeStash()...)
@@ -153,14 +153,12 @@ func (b *Backend) watchdog() {
 	}
 }
 
-// retireLocked tells the unit which of ws have finished. b.mu is held.
-func (b *Backend) retireLocked(ws []*Work) {
-	for _, w := range ws {
-		if w.finished.Load() {
-			b.wd.Done(w)
-		}
-	}
+// retireLocked tells the unit which works have finished. b.mu is held.
+func (b *Backend) retireLocked() {
+	b.wd.Retire(finished)
 }
+
+func finished(w *Work) bool { return w.finished.Load() }
 
 // pendingWorks returns the works the watchdog watches.
 func (b *Backend) pendingWorks() []*Work {

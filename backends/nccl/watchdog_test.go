@@ -126,7 +126,7 @@ func TestDriverRemoteNoHandling(t *testing.T) {
 		t.Fatalf("NoHandling did more than fail the work: dumps %q, usable %v, exits %v", *dumps, b.usable(backend.OpAllreduce), fe.exits)
 	}
 	b.mu.Lock()
-	b.retireLocked(b.wd.AppendPending(nil))
+	b.retireLocked()
 	n := b.wd.Len()
 	b.mu.Unlock()
 	if n != 0 {

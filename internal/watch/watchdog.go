@@ -47,10 +47,13 @@ type entry[W comparable] struct {
 // applies the Policy. Its zero value is not usable; make it with
 // NewWatchdog.
 type Watchdog[W comparable] struct {
-	cfg     Config
+	cfg Config
+	// pending is in enqueue order. There is no index by work: Enqueue is
+	// on every op's hot path, where a map insert costs more than the
+	// append; lookups (Done, a blocking waiter's check, Report) scan, and
+	// the driver retires finished works in bulk with Retire.
 	pending []entry[W]
-	index   map[W]int // position in pending
-	gone    int       // Done entries still in pending (compacted at Tick)
+	gone    int // Done entries still in pending (compacted at Tick)
 
 	dumped     bool   // a Dump action was issued
 	signalled  bool   // a Signal action was issued
@@ -61,35 +64,64 @@ type Watchdog[W comparable] struct {
 
 // NewWatchdog returns an empty watchdog.
 func NewWatchdog[W comparable](cfg Config) *Watchdog[W] {
-	return &Watchdog[W]{cfg: cfg, index: map[W]int{}}
+	return &Watchdog[W]{cfg: cfg}
 }
 
 // Config returns the watchdog's configuration.
 func (u *Watchdog[W]) Config() Config { return u.cfg }
 
 // Enqueue adds a work that went to the device at enq with its timeout, on
-// communicator comm.
+// communicator comm. Each work is enqueued once.
 func (u *Watchdog[W]) Enqueue(w W, comm string, enq time.Time, timeout time.Duration) {
-	if _, ok := u.index[w]; ok {
-		return
-	}
-	u.index[w] = len(u.pending)
 	u.pending = append(u.pending, entry[W]{w: w, comm: comm, enq: enq, timeout: timeout})
 }
 
 // Done drops a work that has finished (completed, or failed by anyone).
 // Unknown works are ignored.
 func (u *Watchdog[W]) Done(w W) {
-	i, ok := u.index[w]
+	i, ok := u.find(w)
 	if !ok {
 		return
 	}
-	delete(u.index, w)
+	u.drop(i)
+}
+
+// Retire drops every pending work for which finished reports true, in one
+// pass: the driver's way to hand back what it found complete.
+func (u *Watchdog[W]) Retire(finished func(W) bool) {
+	for i := range u.pending {
+		if !u.pending[i].done && finished(u.pending[i].w) {
+			u.hole(i)
+		}
+	}
+	u.maybeCompact()
+}
+
+// drop turns pending[i] into a hole, compacting when holes dominate.
+func (u *Watchdog[W]) drop(i int) {
+	u.hole(i)
+	u.maybeCompact()
+}
+
+func (u *Watchdog[W]) hole(i int) {
 	u.pending[i] = entry[W]{done: true, failed: true}
 	u.gone++
+}
+
+func (u *Watchdog[W]) maybeCompact() {
 	if u.gone > 64 && u.gone > len(u.pending)/2 {
 		u.compact()
 	}
+}
+
+// find returns the position of w in pending.
+func (u *Watchdog[W]) find(w W) (int, bool) {
+	for i := range u.pending {
+		if e := &u.pending[i]; !e.done && e.w == w {
+			return i, true
+		}
+	}
+	return 0, false
 }
 
 // compact removes the holes Done left.
@@ -100,7 +132,6 @@ func (u *Watchdog[W]) compact() {
 	live := u.pending[:0]
 	for _, e := range u.pending {
 		if !e.done {
-			u.index[e.w] = len(live)
 			live = append(live, e)
 		}
 	}
@@ -110,7 +141,7 @@ func (u *Watchdog[W]) compact() {
 }
 
 // Len is the number of pending works.
-func (u *Watchdog[W]) Len() int { return len(u.index) }
+func (u *Watchdog[W]) Len() int { return len(u.pending) - u.gone }
 
 // AppendPending appends the pending works to dst, in enqueue order.
 func (u *Watchdog[W]) AppendPending(dst []W) []W {
@@ -251,7 +282,7 @@ func (u *Watchdog[W]) Abort() []Action[W] {
 // background). It returns nothing while w may still finish in time, and
 // nothing outside blocking-wait mode.
 func (u *Watchdog[W]) BlockingWait(w W, now time.Time) []Action[W] {
-	i, ok := u.index[w]
+	i, ok := u.find(w)
 	if !ok || !u.cfg.BlockingWait || u.exiting {
 		return nil
 	}
@@ -276,7 +307,7 @@ func (u *Watchdog[W]) Report(f Failure[W]) []Action[W] {
 	if u.exiting {
 		return nil
 	}
-	if i, ok := u.index[f.Work]; ok {
+	if i, ok := u.find(f.Work); ok {
 		if u.pending[i].failed {
 			return nil
 		}
@@ -288,7 +319,7 @@ func (u *Watchdog[W]) Report(f Failure[W]) []Action[W] {
 // backend's first), the fail, a signal to the peers (the first, and not
 // for a failure a peer is blamed for), then the policy.
 func (u *Watchdog[W]) local(acts []Action[W], f *Failure[W]) []Action[W] {
-	if i, ok := u.index[f.Work]; ok {
+	if i, ok := u.find(f.Work); ok {
 		u.pending[i].failed = true
 	}
 	acts = u.dump(acts, f)
