@@ -118,6 +118,18 @@ func TestCollectivesThroughBackend(t *testing.T) {
 			}
 		}
 
+		// allgather_into_tensor: block q of the output is rank q's input.
+		flat := tensor.New(tensor.Float64, n*elems)
+		if err := waited(b.AllgatherIntoTensor(ctx, backend.Meta{}, flat, mine, backend.AllgatherIntoTensorOptions{})); err != nil {
+			return err
+		}
+		gotAll, _ := flat.Float64s()
+		for q := range n {
+			if err := expect(fmt.Sprintf("allgather_into_tensor block %d on rank %d", q, r), gotAll[q*elems:(q+1)*elems], rankData(q, elems)); err != nil {
+				return err
+			}
+		}
+
 		// alltoall: rank r sends block q (datum(r, q)) to rank q, and
 		// receives rank q's block r.
 		ins, outs2 := make([]*tensor.Tensor, n), make([]*tensor.Tensor, n)
