@@ -44,6 +44,55 @@ static ucc_status_t oob_free(void *req) {
 	return UCC_OK;
 }
 
+// loaded_from prints the directories that UCC and UCX libraries and modules
+// were mapped from, with a count each: where sid's libucx and the machine's
+// own UCX both exist, this shows which one's modules were loaded.
+static void loaded_from(void) {
+	FILE *f = fopen("/proc/self/maps", "r");
+	if (f == NULL) {
+		return;
+	}
+	char dirs[32][512];
+	char names[256][256];
+	int ndirs = 0, nnames = 0, count[32] = {0};
+	char line[1024];
+	while (fgets(line, sizeof line, f) != NULL) {
+		char *p = strchr(line, '/');
+		if (p == NULL) {
+			continue;
+		}
+		p[strcspn(p, "\n")] = 0;
+		char *base = strrchr(p, '/') + 1;
+		if (strncmp(base, "libuc", 5) != 0) {
+			continue;
+		}
+		int seen = 0;
+		for (int i = 0; i < nnames; i++) {
+			seen |= strcmp(names[i], p) == 0;
+		}
+		if (seen || nnames == 256) {
+			continue;
+		}
+		snprintf(names[nnames++], sizeof names[0], "%s", p);
+		size_t dl = (size_t)(base - 1 - p);
+		int d = 0;
+		while (d < ndirs && !(strlen(dirs[d]) == dl && strncmp(dirs[d], p, dl) == 0)) {
+			d++;
+		}
+		if (d == ndirs) {
+			if (ndirs == 32) {
+				continue;
+			}
+			snprintf(dirs[ndirs++], sizeof dirs[0], "%.*s", (int)dl, p);
+		}
+		count[d]++;
+	}
+	fclose(f);
+	for (int d = 0; d < ndirs; d++) {
+		printf("ucc-check: %d libuc* files mapped from %s\n", count[d], dirs[d]);
+	}
+}
+
 int main(int argc, char **argv) {
 	const char *path = argc > 1 ? argv[1] : getenv("GOCOLL_UCC_LIBRARY");
 	if (path == NULL || *path == 0) {
@@ -119,6 +168,7 @@ int main(int argc, char **argv) {
 		fprintf(stderr, "ucc-check: ucc_finalize: %s\n", status_string(st));
 		return 1;
 	}
+	loaded_from();
 	printf("ucc-check: ok: dlopen, ucc_init, a one-rank context, finalize\n");
 	return 0;
 }
