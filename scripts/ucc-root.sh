@@ -38,9 +38,12 @@ if ! ucc_root_ready "$root"; then
 		# running): unmount what debootstrap may have left mounted, then delete
 		# without crossing into another file system.
 		for old in "$root".tmp.*; do
-			[ -d "$old" ] || continue
-			ucc_umount_under "$old"
-			rm -rf --one-file-system "$old"
+			if [ -d "$old" ]; then
+				ucc_umount_under "$old"
+				rm -rf --one-file-system "$old"
+			else
+				rm -f "$old"
+			fi
 		done
 		if [ -e "$root" ]; then
 			echo "ucc-root.sh: $root exists but is not a complete root (no .gocoll-ucc-root); delete it (nothing may be mounted under it) and rerun" >&2
@@ -53,9 +56,11 @@ if ! ucc_root_ready "$root"; then
 		mirror=$(ucc_debian_mirror)
 		tmp=$(mktemp -d "$root.tmp.XXXXXX")
 		chmod 755 "$tmp"
+		keep_log=0
 		cleanup() {
 			ucc_umount_under "$tmp"
 			rm -rf --one-file-system "$tmp"
+			[ "$keep_log" = 1 ] || rm -f "$tmp.log"
 		}
 		trap cleanup EXIT
 		trap 'exit 130' INT TERM HUP
@@ -63,6 +68,7 @@ if ! ucc_root_ready "$root"; then
 		start=$(date +%s)
 		debootstrap --variant=minbase --include=libucc1,libucc-dev,libucx0 \
 			sid "$tmp" "$mirror" > "$tmp.log" 2>&1 || {
+			keep_log=1
 			tail -n 30 "$tmp.log" >&2
 			echo "ucc-root.sh: debootstrap failed (log above; full log in $tmp.log)" >&2
 			exit 1
