@@ -31,14 +31,25 @@ func group(t *testing.T, n int, opts *cpupool.Options) []backend.Backend {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
+	// Close waits for issued ops, which a failed test may have left
+	// without a peer and, called directly with a zero Meta, without a
+	// timeout: bound it, then abort.
 	t.Cleanup(func() {
 		for _, b := range bs {
-			_ = b.Close(context.Background())
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if b.Close(ctx) != nil {
+				_ = b.Abort(context.Background(), errors.New("test cleanup: Close timed out"))
+			}
+			cancel()
 		}
 	})
 	return bs
 }
 
+// each runs f on every rank at once. It is bounded on its own: ops called
+// on the backend directly with a zero Meta have no timeout, so a bug that
+// lets the ranks fall out of step must fail here, not hang until go
+// test's deadline.
 func each(t *testing.T, bs []backend.Backend, f func(r int, b backend.Backend) error) {
 	t.Helper()
 	errs := make([]error, len(bs))
@@ -46,7 +57,16 @@ func each(t *testing.T, bs []backend.Backend, f func(r int, b backend.Backend) e
 	for r, b := range bs {
 		wg.Go(func() { errs[r] = f(r, b) })
 	}
-	wg.Wait()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		for _, b := range bs {
+			_ = b.Abort(context.Background(), errors.New("each: the ranks did not finish in a minute"))
+		}
+		t.Fatal("the ranks did not finish in a minute")
+	}
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
