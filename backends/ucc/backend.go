@@ -1,0 +1,477 @@
+// Package ucc is gocoll's backend over UCC, the Unified Collective
+// Communication library of openucx (libucc.so.1), in the role of PyTorch's
+// ProcessGroupUCC. The library is opened at run time (GOCOLL_UCC_LIBRARY,
+// else the soname), so the package builds with Go and gcc alone; a process
+// without libucc gets ErrUnavailable from New.
+//
+// Link it with a blank import; it registers itself as "ucc" for CPU
+// tensors:
+//
+//	import _ "github.com/gocoll/gocoll/backends/ucc"
+//
+// Wire-up. One UCC library handle, context and team per group, made in
+// UCC's order (library config, ucc_init_version, context config, context,
+// team post, then team test with context progress). The out-of-band
+// allgather that UCC wires up with runs over the group's store and never
+// blocks (oob.go).
+//
+// Ops. The caller's goroutine turns an op into one or more UCC collectives
+// and initialises and posts them, in issue order, under the backend's
+// lock; an op UCC has no algorithm for fails there, synchronously, with
+// ErrUnsupported. One goroutine per backend progresses the context
+// (ucc_context_progress) while anything is pending and completes the
+// works. UCC has no wake-up file descriptor, so the goroutine spins for
+// Options.PollSpin after the last completion, then sleeps between rounds
+// with a doubling sleep up to Options.MaxPark, and blocks outright when
+// nothing is pending: an idle group costs no CPU (PyTorch's ProcessGroupUCC
+// polls a core at 100 % for the life of the group).
+//
+// Deadlines and failures. UCC's own collective timeout is not used: it is
+// unreliable (an allreduce posted alone returned OK untouched, or never
+// returned). The progress goroutine drives a watch.Watchdog: an op past its
+// timeout (Meta.Timeout, from issue) fails with ErrTimeout naming the ranks
+// that never issued it (Config.Desync), after the flight recorder dump.
+// UCC cannot cancel a posted collective: the request stays posted, its
+// buffers stay pinned, and the goroutine finalises it if it ever completes
+// (a late peer's op does complete it), discarding its result.
+//
+// Abort. UCC has no abort either. Abort fails every pending work at once
+// with ErrAborted wrapping the reason, tells the peers through the store
+// (their pending works fail with ErrRemote naming this rank), stops the
+// progress goroutine, and makes later ops fail with ErrAborted keeping the
+// reason. What UCC holds then — the library handle, context, team, the
+// requests still posted and the host buffers they point into — stays
+// allocated until the process exits. Close waits (bounded by its ctx) for
+// the pending works, then destroys team, context and library when no
+// request is left posted, and leaves them allocated otherwise; it never
+// hangs.
+//
+// Point to point. UCC has no send and recv; this backend does not
+// emulate them (PyTorch builds them on two-rank active-set broadcasts):
+// Send, Recv and RecvAnysource return ErrUnsupported, as do
+// MonitoredBarrier (a host barrier with an arbiter, not a UCC collective)
+// and reductions of the float8 types, which UCC cannot reduce.
+package ucc
+
+/*
+#include "ucc_dl.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/cgo"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/knob"
+	"github.com/gocoll/gocoll/internal/watch"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// Name is the registered backend name.
+const Name = "ucc"
+
+// remoteErrorKey is the key, in the group's store, under which a rank that
+// aborts writes watch.SignalValue; the peers' pending works then fail with
+// ErrRemote naming it, as nccl's remote_error signal does.
+const remoteErrorKey = "ucc/remote_error"
+
+// The progress goroutine's periods while works are pending.
+const (
+	tickEvery   = 20 * time.Millisecond  // the watchdog's Tick
+	remoteEvery = 200 * time.Millisecond // a read of remoteErrorKey
+	storeBound  = 2 * time.Second        // each store call of the backend
+	abortBound  = time.Second            // Abort's publication to the peers
+	destroyWait = 2 * time.Second        // Close's wait for ucc_team_destroy
+)
+
+func init() {
+	backend.Register(backend.Driver{Name: Name, Devices: []tensor.DeviceType{tensor.CPU}, New: New})
+}
+
+// Backend is the ucc backend of one group.
+type Backend struct {
+	backend.Unimplemented
+
+	cfg  backend.Config
+	opts Options
+	oob  *oob
+	oobH cgo.Handle
+
+	lib, ctx, team C.uintptr_t
+
+	// mu orders the UCC calls (init, post, progress, test, finalize) and
+	// guards pending, stopped and wd.
+	mu      sync.Mutex
+	pending []*work // posted, not yet finished by UCC, in post order
+	stopped error   // ErrClosed or the abort error; later ops fail with it
+	wd      *watch.Watchdog[*work]
+
+	kick chan struct{} // wakes the progress goroutine; capacity 1
+	stop chan struct{} // closed by Close and Abort
+	done chan struct{} // closed when the progress goroutine has returned
+	once sync.Once
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New is the backend.Factory of ucc: it loads libucc, resolves the options
+// and wires the group's UCC context and team up over cfg.Store.
+func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+	o, err := optionsOf(cfg.Options)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := resolveOptions(o, cfg.Timeout, knob.OS)
+	if err != nil {
+		return nil, err
+	}
+	if err := Load(); err != nil {
+		return nil, &backend.OpError{Op: "init", Rank: cfg.Rank, Backend: Name, Kind: backend.ErrUnavailable, Err: err}
+	}
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("%w: ucc: the group has no store to wire UCC up over", backend.ErrInvalidArgument)
+	}
+	b := &Backend{cfg: cfg, opts: opts, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		wd: watch.NewWatchdog[*work](watch.Config{Policy: watch.NoHandling, Rank: cfg.Rank, Dump: cfg.DumpAll != nil})}
+	b.oob = &oob{st: cfg.Store, rank: cfg.Rank, size: cfg.WorldSize, timeout: storeBound,
+		deadline: time.Now().Add(opts.ConnectTimeout)}
+	b.oobH = cgo.NewHandle(b.oob)
+	if err := b.wireUp(ctx); err != nil {
+		// What UCC made stays: its destroy calls need the peers' progress.
+		return nil, &backend.OpError{Op: "init", Rank: cfg.Rank, Backend: Name, Kind: backend.ErrUnavailable, Err: err}
+	}
+	go b.progress()
+	return b, nil
+}
+
+// wireUp makes the library handle, the context and the team.
+func (b *Backend) wireUp(ctx context.Context) error {
+	n, r := C.uint32_t(b.cfg.WorldSize), C.uint32_t(b.cfg.Rank)
+	if err := result("ucc_init_version", C.gu_lib_init(&b.lib)); err != nil {
+		return err
+	}
+	// ucc_context_create runs the out-of-band allgather to its end; the
+	// test callback bounds it by ConnectTimeout.
+	if err := result("ucc_context_create", C.gu_context_create(b.lib, C.uintptr_t(b.oobH), n, r, &b.ctx)); err != nil {
+		return err
+	}
+	if err := result("ucc_team_create_post", C.gu_team_create_post(b.ctx, C.uintptr_t(b.oobH), n, r, &b.team)); err != nil {
+		return err
+	}
+	park := time.Microsecond
+	for {
+		st := C.gu_team_create_test(b.team)
+		if st == statusOK {
+			return nil
+		}
+		if st != statusInProgress {
+			return result("ucc_team_create_test", st)
+		}
+		C.gu_context_progress(b.ctx)
+		if time.Now().After(b.oob.deadline) {
+			return fmt.Errorf("ucc: the team of %d ranks was not complete after %v (ucc.Options.ConnectTimeout)", b.cfg.WorldSize, b.opts.ConnectTimeout)
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("ucc: team creation: %w", err)
+		}
+		time.Sleep(park)
+		park = min(2*park, 5*time.Millisecond)
+	}
+}
+
+// Name implements backend.Core.
+func (b *Backend) Name() string { return Name }
+
+// Capabilities implements backend.Core. Every dtype moves (as bytes);
+// reductions of the float8 types fail with ErrUnsupported.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		Devices:           []tensor.DeviceType{tensor.CPU},
+		DTypes:            tensor.DTypes(),
+		BitwiseReductions: true,
+		Timing:            true,
+		UnevenSizes:       true,
+	}
+}
+
+// Rank implements backend.Core.
+func (b *Backend) Rank() int { return b.cfg.Rank }
+
+// Size implements backend.Core.
+func (b *Backend) Size() int { return b.cfg.WorldSize }
+
+// Options returns the options in effect, defaults filled in.
+func (b *Backend) Options() Options { return b.opts }
+
+// Close implements backend.Core: it waits (bounded by ctx) for the pending
+// works, stops the progress goroutine and, when UCC holds no posted
+// request, destroys the team, the context and the library handle.
+func (b *Backend) Close(ctx context.Context) error {
+	b.mu.Lock()
+	if b.stopped != nil {
+		b.mu.Unlock()
+		return nil
+	}
+	b.stopped = &backend.OpError{Op: "close", Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrClosed}
+	works := append([]*work(nil), b.pending...)
+	b.mu.Unlock()
+	var err error
+	for _, w := range works {
+		if werr := w.WaitHost(ctx); werr != nil && ctx.Err() != nil {
+			err = fmt.Errorf("ucc: close: %w", ctx.Err())
+			break
+		}
+	}
+	b.halt()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.pending) > 0 {
+		// Requests still posted (an op whose peer never came): UCC cannot
+		// cancel them, so what they point at stays until the process exits.
+		slog.Warn("gocoll ucc: close: collectives still posted; the UCC context and team stay allocated until exit",
+			"rank", b.cfg.Rank, "group", b.cfg.GroupDesc, "posted", len(b.pending))
+		return err
+	}
+	deadline := time.Now().Add(destroyWait)
+	for {
+		st := C.gu_team_destroy(b.team)
+		if st == statusOK {
+			break
+		}
+		if st != statusInProgress || time.Now().After(deadline) {
+			slog.Warn("gocoll ucc: close: ucc_team_destroy did not finish; the context stays allocated until exit",
+				"rank", b.cfg.Rank, "status", int(st))
+			return err
+		}
+		C.gu_context_progress(b.ctx)
+		time.Sleep(100 * time.Microsecond)
+	}
+	C.gu_context_destroy(b.ctx)
+	C.gu_finalize(b.lib)
+	b.oobH.Delete()
+	return err
+}
+
+// Abort implements backend.Core; see the package documentation.
+func (b *Backend) Abort(ctx context.Context, reason error) error {
+	if reason == nil {
+		reason = errors.New("abort requested")
+	}
+	aerr := &backend.OpError{Op: "abort", Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrAborted, Err: reason}
+	b.mu.Lock()
+	if b.stopped == nil || errors.Is(b.stopped, backend.ErrClosed) {
+		b.stopped = aerr
+	}
+	works := append([]*work(nil), b.pending...)
+	b.wd.Abort()
+	b.mu.Unlock()
+	for _, w := range works {
+		w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrAborted, Err: reason})
+	}
+	b.halt()
+	pctx, cancel := context.WithTimeout(ctx, abortBound)
+	defer cancel()
+	v := watch.SignalValue(b.cfg.Rank, time.Now(), aerr.Error())
+	if err := b.cfg.Store.Set(pctx, remoteErrorKey, []byte(v)); err != nil {
+		slog.Warn("gocoll ucc: abort: could not tell the peers", "rank", b.cfg.Rank, "group", b.cfg.GroupDesc, "err", err)
+	}
+	return nil
+}
+
+// halt stops the progress goroutine and waits for it.
+func (b *Backend) halt() {
+	b.once.Do(func() { close(b.stop) })
+	<-b.done
+}
+
+// usable returns the error of an op issued after Close or Abort.
+func (b *Backend) usableLocked(op backend.Op, seq uint64) error {
+	if b.stopped == nil {
+		return nil
+	}
+	kind := backend.ErrClosed
+	if errors.Is(b.stopped, backend.ErrAborted) {
+		kind = backend.ErrAborted
+	}
+	return &backend.OpError{Op: op.String(), Seq: seq, Rank: b.cfg.Rank, Backend: Name, Kind: kind, Err: b.stopped}
+}
+
+func (b *Backend) wake() {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// progress is the backend's progress goroutine; see the package
+// documentation for its spin, back-off and park.
+func (b *Backend) progress() {
+	defer close(b.done)
+	var lastDone, lastTick, lastRemote time.Time
+	park := time.Microsecond
+	var timer *time.Timer
+	for {
+		b.mu.Lock()
+		idle := len(b.pending) == 0
+		b.mu.Unlock()
+		if idle {
+			select {
+			case <-b.stop:
+				return
+			case <-b.kick:
+			}
+			lastDone, park = time.Now(), time.Microsecond
+			continue
+		}
+		b.mu.Lock()
+		C.gu_context_progress(b.ctx)
+		finished := b.reapLocked()
+		b.mu.Unlock()
+		now := time.Now()
+		if finished > 0 {
+			lastDone, park = now, time.Microsecond
+		}
+		if now.Sub(lastTick) >= tickEvery {
+			lastTick = now
+			b.mu.Lock()
+			b.wd.Retire(func(w *work) bool { return w.IsCompleted() })
+			acts := b.wd.Tick(now)
+			b.mu.Unlock()
+			b.perform(acts)
+		}
+		if now.Sub(lastRemote) >= remoteEvery {
+			lastRemote = now
+			b.checkRemote()
+		}
+		if b.opts.PollSpin >= 0 && now.Sub(lastDone) < b.opts.PollSpin {
+			continue
+		}
+		if timer == nil {
+			timer = time.NewTimer(park)
+		} else {
+			timer.Reset(park)
+		}
+		select {
+		case <-b.stop:
+			timer.Stop()
+			return
+		case <-b.kick:
+			if !timer.Stop() {
+				<-timer.C
+			}
+			park = time.Microsecond
+		case <-timer.C:
+			park = min(2*park, b.opts.MaxPark)
+		}
+	}
+}
+
+// reapLocked tests the pending works' requests, finalises what UCC has
+// finished and completes those works. It returns how many it finished.
+func (b *Backend) reapLocked() int {
+	n := 0
+	live := b.pending[:0]
+	for _, w := range b.pending {
+		if w.testLocked() {
+			n++
+			continue
+		}
+		live = append(live, w)
+	}
+	clear(b.pending[len(live):])
+	b.pending = live
+	return n
+}
+
+// checkRemote reads the remote-error key when a peer's abort could fail a
+// pending work, and feeds it to the watchdog.
+func (b *Backend) checkRemote() {
+	b.mu.Lock()
+	want := b.wd.WantsRemote()
+	b.mu.Unlock()
+	if !want {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeBound)
+	defer cancel()
+	if ok, err := b.cfg.Store.Check(ctx, remoteErrorKey); err != nil || !ok {
+		return
+	}
+	v, err := b.cfg.Store.Get(ctx, remoteErrorKey)
+	if err != nil {
+		return
+	}
+	b.mu.Lock()
+	acts := b.wd.RemoteSignal(string(v))
+	b.mu.Unlock()
+	b.perform(acts)
+}
+
+// perform carries out the watchdog's actions. The policy is NoHandling, so
+// they are dumps and fails; a user's Abort does its own work.
+func (b *Backend) perform(acts []watch.Action[*work]) {
+	type built struct {
+		f *watch.Failure[*work]
+		e *backend.OpError
+	}
+	var errs []built
+	errOf := func(f *watch.Failure[*work]) *backend.OpError {
+		for _, x := range errs {
+			if x.f == f {
+				return x.e
+			}
+		}
+		e := b.failureError(f)
+		errs = append(errs, built{f, e})
+		return e
+	}
+	for _, a := range acts {
+		switch a.Kind {
+		case watch.Dump:
+			e := errOf(a.Failure)
+			if path := b.cfg.DumpAll(e.Error()); path != "" {
+				e.Detail += "; flight recorder dump: " + path
+			}
+		case watch.Fail:
+			a.Failure.Work.fail(errOf(a.Failure))
+		}
+	}
+}
+
+// failureError builds the error of a failure the watchdog decided.
+func (b *Backend) failureError(f *watch.Failure[*work]) *backend.OpError {
+	w := f.Work
+	e := &backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name}
+	switch f.Kind {
+	case watch.Remote:
+		e.Kind, e.Ranks = backend.ErrRemote, []int{f.Peer}
+		e.Detail = fmt.Sprintf("rank %d failed: %s", f.Peer, f.Message)
+		return e
+	case watch.Timeout:
+	default:
+		e.Kind, e.Err = backend.ErrAborted, f.Cause
+		return e
+	}
+	e.Kind, e.Timeout = backend.ErrTimeout, w.timeout
+	var parts []string
+	if b.cfg.Desync != nil && w.seq > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), storeBound)
+		late, sentence := b.cfg.Desync(ctx, w.op, w.seq)
+		cancel()
+		e.Ranks = late
+		if sentence != "" {
+			parts = append(parts, sentence)
+		}
+	}
+	parts = append(parts, fmt.Sprintf("the backend's watchdog saw it still running %v after issue (group %s); UCC cannot cancel it, so it stays posted",
+		f.Elapsed.Round(time.Millisecond), b.cfg.GroupDesc))
+	e.Detail = strings.Join(parts, "; ")
+	return e
+}

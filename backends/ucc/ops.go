@@ -1,0 +1,488 @@
+package ucc
+
+/*
+#include "ucc_dl.h"
+*/
+import "C"
+
+import (
+	"context"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// The dispatcher has checked the arguments against spec/ops.yaml; the
+// checks here are what it cannot know (host memory) and what UCC needs.
+// Ops that only move data move bytes (UCC_DT_UINT8), so every dtype moves.
+
+func cu(n int) C.uint64_t { return C.uint64_t(n) }
+
+// Broadcast implements backend.Backend.
+func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.BroadcastOptions) (backend.Work, error) {
+	bufs, err := b.host(backend.OpBroadcast, m, tensors...)
+	if err != nil {
+		return nil, err
+	}
+	if len(bufs) == 0 || opts.RootTensor < 0 || opts.RootTensor >= len(bufs) {
+		return nil, b.invalid(backend.OpBroadcast, m, "invalid root tensor")
+	}
+	p := b.plan(backend.OpBroadcast, m, tensors)
+	src := bufs[opts.RootTensor]
+	if len(src) > 0 {
+		p.add(C.gu_desc{coll_type: collBcast, root: cu(opts.RootRank), dt: C.uint64_t(dtBytes), src: p.buf(src), src_count: cu(len(src))})
+	}
+	p.after = func() {
+		for _, d := range bufs {
+			copy(d, src)
+		}
+	}
+	return b.submit(ctx, p)
+}
+
+// allreduceDesc is an in-place allreduce of buf.
+func (p *plan) allreduce(r reduction, buf []byte) {
+	if len(buf) == 0 {
+		return
+	}
+	a := p.buf(buf)
+	p.add(C.gu_desc{coll_type: collAllreduce, op: C.int(r.op), dt: C.uint64_t(r.dt), flags: flagInPlace,
+		src: a, dst: a, src_count: r.count(buf), dst_count: r.count(buf)})
+}
+
+// Allreduce implements backend.Backend. Several tensors are reduced
+// together, as Gloo does: each gets the reduction of all of them on all
+// ranks.
+func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceOptions) (backend.Work, error) {
+	bufs, err := b.host(backend.OpAllreduce, m, tensors...)
+	if err != nil {
+		return nil, err
+	}
+	if len(bufs) == 0 {
+		return nil, b.invalid(backend.OpAllreduce, m, "requires non-empty tensor list")
+	}
+	r, err := b.reductionOf(backend.OpAllreduce, m, tensors[0].DType(), opts.ReduceOp)
+	if err != nil {
+		return nil, err
+	}
+	p := b.plan(backend.OpAllreduce, m, tensors)
+	buf := r.combineLocal(bufs, 0)
+	p.allreduce(r, buf)
+	p.after = func() {
+		r.post(buf, b.cfg.WorldSize*len(bufs))
+		for _, o := range bufs[1:] {
+			copy(o, buf)
+		}
+	}
+	return b.submit(ctx, p)
+}
+
+// AllreduceCoalesced implements backend.Backend: one UCC allreduce per
+// tensor, one Work.
+func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceCoalescedOptions) (backend.Work, error) {
+	bufs, err := b.host(backend.OpAllreduceCoalesced, m, tensors...)
+	if err != nil {
+		return nil, err
+	}
+	if len(bufs) == 0 {
+		return nil, b.invalid(backend.OpAllreduceCoalesced, m, "requires non-empty tensor list")
+	}
+	r, err := b.reductionOf(backend.OpAllreduceCoalesced, m, tensors[0].DType(), opts.ReduceOp)
+	if err != nil {
+		return nil, err
+	}
+	p := b.plan(backend.OpAllreduceCoalesced, m, tensors)
+	for _, buf := range bufs {
+		if r.k.Pre != nil {
+			r.k.Pre(buf)
+		}
+		p.allreduce(r, buf)
+	}
+	p.after = func() {
+		for _, buf := range bufs {
+			r.post(buf, b.cfg.WorldSize)
+		}
+	}
+	return b.submit(ctx, p)
+}
+
+// Reduce implements backend.Backend.
+func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.ReduceOptions) (backend.Work, error) {
+	bufs, err := b.host(backend.OpReduce, m, tensors...)
+	if err != nil {
+		return nil, err
+	}
+	if len(bufs) == 0 || opts.RootTensor < 0 || opts.RootTensor >= len(bufs) {
+		return nil, b.invalid(backend.OpReduce, m, "invalid root tensor")
+	}
+	r, err := b.reductionOf(backend.OpReduce, m, tensors[0].DType(), opts.ReduceOp)
+	if err != nil {
+		return nil, err
+	}
+	p := b.plan(backend.OpReduce, m, tensors)
+	buf := r.combineLocal(bufs, opts.RootTensor)
+	root := b.cfg.Rank == opts.RootRank
+	if len(buf) > 0 {
+		a := p.buf(buf)
+		d := C.gu_desc{coll_type: collReduce, op: C.int(r.op), dt: C.uint64_t(r.dt), root: cu(opts.RootRank),
+			src: a, dst: a, src_count: r.count(buf), dst_count: r.count(buf)}
+		if root {
+			d.flags = flagInPlace
+		} else {
+			// The non-root's result is unspecified; UCC gets scratch.
+			s := make([]byte, len(buf))
+			d.dst = p.buf(s)
+		}
+		p.add(d)
+	}
+	p.after = func() {
+		if root {
+			r.post(buf, b.cfg.WorldSize*len(bufs))
+		}
+	}
+	return b.submit(ctx, p)
+}
+
+// allgather gathers in into the blocks of outs (one per rank): straight
+// into out when one contiguous buffer holds them all, else through
+// scratch; uneven blocks take UCC's allgatherv.
+func (p *plan) allgather(in []byte, outs [][]byte) (after func()) {
+	packed, sizes := pack(outs)
+	if len(packed) == 0 {
+		return nil
+	}
+	if allEqual(sizes) {
+		p.add(C.gu_desc{coll_type: collAllgather, dt: C.uint64_t(dtBytes), src: p.buf(in), src_count: cu(len(in)),
+			dst: p.buf(packed), dst_count: cu(len(packed))})
+	} else {
+		counts, displs := p.vec(sizes)
+		p.add(C.gu_desc{coll_type: collAllgatherv, dt: C.uint64_t(dtBytes), flags: flag64, src: p.buf(in), src_count: cu(len(in)),
+			v_dst: 1, dst: p.buf(packed), dst_counts: counts, dst_displs: displs})
+	}
+	return func() { unpack(packed, outs) }
+}
+
+// Allgather implements backend.Backend.
+func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherOptions) (backend.Work, error) {
+	ins, err := b.host(backend.OpAllgather, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	if len(ins) != 1 || len(outputs) != 1 {
+		return nil, b.invalid(backend.OpAllgather, m, "requires a single-element input and output list")
+	}
+	outs, err := b.host(backend.OpAllgather, m, outputs[0]...)
+	if err != nil {
+		return nil, err
+	}
+	p := b.plan(backend.OpAllgather, m, outputs[0])
+	p.after = p.allgather(ins[0], outs)
+	return b.submit(ctx, p)
+}
+
+// AllgatherIntoTensor implements backend.Backend.
+func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions) (backend.Work, error) {
+	bufs, err := b.host(backend.OpAllgatherIntoTensor, m, output, input)
+	if err != nil {
+		return nil, err
+	}
+	p := b.plan(backend.OpAllgatherIntoTensor, m, []*tensor.Tensor{output})
+	p.intoTensor(bufs[1], bufs[0])
+	return b.submit(ctx, p)
+}
+
+func (p *plan) intoTensor(in, out []byte) {
+	if len(out) > 0 {
+		p.add(C.gu_desc{coll_type: collAllgather, dt: C.uint64_t(dtBytes), src: p.buf(in), src_count: cu(len(in)),
+			dst: p.buf(out), dst_count: cu(len(out))})
+	}
+}
+
+// AllgatherCoalesced implements backend.Backend: one UCC allgather per
+// input, one Work.
+func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions) (backend.Work, error) {
+	ins, err := b.host(backend.OpAllgatherCoalesced, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	if len(outputs) != len(ins) {
+		return nil, b.invalid(backend.OpAllgatherCoalesced, m, "one output list per input")
+	}
+	p := b.plan(backend.OpAllgatherCoalesced, m, flat(outputs))
+	var afters []func()
+	for i, in := range ins {
+		outs, err := b.host(backend.OpAllgatherCoalesced, m, outputs[i]...)
+		if err != nil {
+			return nil, err
+		}
+		if a := p.allgather(in, outs); a != nil {
+			afters = append(afters, a)
+		}
+	}
+	p.after = func() {
+		for _, a := range afters {
+			a()
+		}
+	}
+	return b.submit(ctx, p)
+}
+
+// AllgatherIntoTensorCoalesced implements backend.Backend.
+func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions) (backend.Work, error) {
+	outs, err := b.host(backend.OpAllgatherIntoTensorCoalesced, m, outputs...)
+	if err != nil {
+		return nil, err
+	}
+	ins, err := b.host(backend.OpAllgatherIntoTensorCoalesced, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	if len(outs) != len(ins) {
+		return nil, b.invalid(backend.OpAllgatherIntoTensorCoalesced, m, "as many outputs as inputs")
+	}
+	p := b.plan(backend.OpAllgatherIntoTensorCoalesced, m, outputs)
+	for i := range ins {
+		p.intoTensor(ins[i], outs[i])
+	}
+	return b.submit(ctx, p)
+}
+
+// reduceScatter reduces src (every rank's blocks, in rank order) and
+// leaves this rank's block in out. Even blocks take UCC's reduce_scatter;
+// uneven ones an allreduce of the whole, of which this rank keeps its
+// block.
+func (p *plan) reduceScatter(r reduction, src []byte, sizes []int, out []byte) (after func()) {
+	world, rank := p.b.cfg.WorldSize, p.b.cfg.Rank
+	if len(src) == 0 {
+		return nil
+	}
+	if allEqual(sizes) {
+		p.add(C.gu_desc{coll_type: collReduceScatter, op: C.int(r.op), dt: C.uint64_t(r.dt),
+			src: p.buf(src), src_count: r.count(src), dst: p.buf(out), dst_count: r.count(out)})
+		return func() { r.post(out, world) }
+	}
+	p.allreduce(r, src)
+	off := 0
+	for _, s := range sizes[:rank] {
+		off += s
+	}
+	return func() {
+		copy(out, src[off:off+sizes[rank]])
+		r.post(out, world)
+	}
+}
+
+// ReduceScatter implements backend.Backend.
+func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ReduceScatterOptions) (backend.Work, error) {
+	if len(outputs) != 1 || len(inputs) != 1 {
+		return nil, b.invalid(backend.OpReduceScatter, m, "requires a single-element output and input list")
+	}
+	outs, err := b.host(backend.OpReduceScatter, m, outputs...)
+	if err != nil {
+		return nil, err
+	}
+	ins, err := b.host(backend.OpReduceScatter, m, inputs[0]...)
+	if err != nil {
+		return nil, err
+	}
+	r, err := b.reductionOf(backend.OpReduceScatter, m, outputs[0].DType(), opts.ReduceOp)
+	if err != nil {
+		return nil, err
+	}
+	p := b.plan(backend.OpReduceScatter, m, outputs)
+	src, sizes := pack(ins)
+	if r.k.Pre != nil {
+		r.k.Pre(src)
+	}
+	p.after = p.reduceScatter(r, src, sizes, outs[0])
+	return b.submit(ctx, p)
+}
+
+// ReduceScatterTensor implements backend.Backend.
+func (b *Backend) ReduceScatterTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.ReduceScatterTensorOptions) (backend.Work, error) {
+	return b.reduceScatterTensors(ctx, backend.OpReduceScatterTensor, m, []*tensor.Tensor{output}, []*tensor.Tensor{input}, opts.ReduceOp)
+}
+
+// ReduceScatterTensorCoalesced implements backend.Backend.
+func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.ReduceScatterTensorCoalescedOptions) (backend.Work, error) {
+	return b.reduceScatterTensors(ctx, backend.OpReduceScatterTensorCoalesced, m, outputs, inputs, opts.ReduceOp)
+}
+
+func (b *Backend) reduceScatterTensors(ctx context.Context, op backend.Op, m backend.Meta, outputs, inputs []*tensor.Tensor, rop backend.ReduceOp) (backend.Work, error) {
+	outs, err := b.host(op, m, outputs...)
+	if err != nil {
+		return nil, err
+	}
+	ins, err := b.host(op, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	if len(outs) != len(ins) || len(outs) == 0 {
+		return nil, b.invalid(op, m, "as many outputs as inputs")
+	}
+	r, err := b.reductionOf(op, m, outputs[0].DType(), rop)
+	if err != nil {
+		return nil, err
+	}
+	p := b.plan(op, m, outputs)
+	var afters []func()
+	for i := range ins {
+		sizes := make([]int, b.cfg.WorldSize)
+		for j := range sizes {
+			sizes[j] = len(outs[i])
+		}
+		if a := p.reduceScatter(r, r.scaled(ins[i]), sizes, outs[i]); a != nil {
+			afters = append(afters, a)
+		}
+	}
+	p.after = func() {
+		for _, a := range afters {
+			a()
+		}
+	}
+	return b.submit(ctx, p)
+}
+
+// Alltoall implements backend.Backend: UCC's alltoallv over packed
+// buffers.
+func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AlltoallOptions) (backend.Work, error) {
+	outs, err := b.host(backend.OpAlltoall, m, outputs...)
+	if err != nil {
+		return nil, err
+	}
+	ins, err := b.host(backend.OpAlltoall, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	p := b.plan(backend.OpAlltoall, m, outputs)
+	src, inSizes := pack(ins)
+	dst, outSizes := pack(outs)
+	p.alltoallv(src, inSizes, dst, outSizes)
+	p.after = func() { unpack(dst, outs) }
+	return b.submit(ctx, p)
+}
+
+func (p *plan) alltoallv(src []byte, inSizes []int, dst []byte, outSizes []int) {
+	sc, sd := p.vec(inSizes)
+	dc, dd := p.vec(outSizes)
+	p.add(C.gu_desc{coll_type: collAlltoallv, dt: C.uint64_t(dtBytes), flags: flag64,
+		v_src: 1, src: p.buf(src), src_counts: sc, src_displs: sd,
+		v_dst: 1, dst: p.buf(dst), dst_counts: dc, dst_displs: dd})
+}
+
+// AlltoallBase implements backend.Backend: UCC's alltoall for equal parts,
+// alltoallv for split sizes, straight on the tensors.
+func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AlltoallBaseOptions) (backend.Work, error) {
+	bufs, err := b.host(backend.OpAlltoallBase, m, output, input)
+	if err != nil {
+		return nil, err
+	}
+	out, in := bufs[0], bufs[1]
+	p := b.plan(backend.OpAlltoallBase, m, []*tensor.Tensor{output})
+	if opts.InputSplitSizes == nil && opts.OutputSplitSizes == nil {
+		if len(in) > 0 || len(out) > 0 {
+			p.add(C.gu_desc{coll_type: collAlltoall, dt: C.uint64_t(dtBytes), src: p.buf(in), src_count: cu(len(in)),
+				dst: p.buf(out), dst_count: cu(len(out))})
+		}
+		return b.submit(ctx, p)
+	}
+	world := b.cfg.WorldSize
+	sizes := func(t *tensor.Tensor, buf []byte, split []int) []int {
+		rows := 0
+		if sh := t.Shape(); len(sh) > 0 {
+			rows = sh[0]
+		}
+		row := 0
+		if rows > 0 {
+			row = len(buf) / rows
+		}
+		out := make([]int, world)
+		for r := range out {
+			if split == nil {
+				out[r] = rows / world * row
+			} else {
+				out[r] = split[r] * row
+			}
+		}
+		return out
+	}
+	p.alltoallv(in, sizes(input, in, opts.InputSplitSizes), out, sizes(output, out, opts.OutputSplitSizes))
+	return b.submit(ctx, p)
+}
+
+// Gather implements backend.Backend.
+func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions) (backend.Work, error) {
+	ins, err := b.host(backend.OpGather, m, inputs...)
+	if err != nil {
+		return nil, err
+	}
+	if len(ins) != 1 {
+		return nil, b.invalid(backend.OpGather, m, "requires a single-element input list")
+	}
+	root := b.cfg.Rank == opts.RootRank
+	var outs [][]byte
+	var outTs []*tensor.Tensor
+	if root {
+		if len(outputs) != 1 {
+			return nil, b.invalid(backend.OpGather, m, "requires a single-element output list on the root")
+		}
+		if outs, err = b.host(backend.OpGather, m, outputs[0]...); err != nil {
+			return nil, err
+		}
+		outTs = outputs[0]
+	}
+	p := b.plan(backend.OpGather, m, outTs)
+	in := ins[0]
+	if len(in) > 0 {
+		// Every rank gives UCC a full-size destination: the tree's inner
+		// ranks use it on their way to the root.
+		scratch := make([]byte, len(in)*b.cfg.WorldSize)
+		p.add(C.gu_desc{coll_type: collGather, dt: C.uint64_t(dtBytes), root: cu(opts.RootRank), src: p.buf(in), src_count: cu(len(in)),
+			dst: p.buf(scratch), dst_count: cu(len(scratch))})
+		if root {
+			p.after = func() { unpack(scratch, outs) }
+		}
+	}
+	return b.submit(ctx, p)
+}
+
+// Scatter implements backend.Backend.
+func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions) (backend.Work, error) {
+	outs, err := b.host(backend.OpScatter, m, outputs...)
+	if err != nil {
+		return nil, err
+	}
+	if len(outs) != 1 {
+		return nil, b.invalid(backend.OpScatter, m, "requires a single-element output list")
+	}
+	out := outs[0]
+	p := b.plan(backend.OpScatter, m, outputs)
+	if len(out) == 0 {
+		return b.submit(ctx, p)
+	}
+	var src []byte
+	if b.cfg.Rank == opts.RootRank {
+		if len(inputs) != 1 {
+			return nil, b.invalid(backend.OpScatter, m, "requires a single-element input list on the root")
+		}
+		ins, err := b.host(backend.OpScatter, m, inputs[0]...)
+		if err != nil {
+			return nil, err
+		}
+		src, _ = pack(ins)
+	} else {
+		src = make([]byte, len(out)*b.cfg.WorldSize) // the tree's inner ranks pass blocks on
+	}
+	p.add(C.gu_desc{coll_type: collScatter, dt: C.uint64_t(dtBytes), root: cu(opts.RootRank), src: p.buf(src), src_count: cu(len(src)),
+		dst: p.buf(out), dst_count: cu(len(out))})
+	return b.submit(ctx, p)
+}
+
+// Barrier implements backend.Backend: UCC's barrier, whose Work completes
+// only once every work issued before it has completed too.
+func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.BarrierOptions) (backend.Work, error) {
+	p := b.plan(backend.OpBarrier, m, nil)
+	p.barrier = true
+	p.add(C.gu_desc{coll_type: collBarrier})
+	return b.submit(ctx, p)
+}

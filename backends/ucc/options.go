@@ -1,0 +1,94 @@
+package ucc
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/knob"
+)
+
+// Environment variables read when the matching option is left zero.
+const (
+	// EnvPollSpin sets Options.PollSpin, in microseconds.
+	EnvPollSpin = "GOCOLL_UCC_POLL_SPIN_US"
+	// EnvMaxPark sets Options.MaxPark, in microseconds.
+	EnvMaxPark = "GOCOLL_UCC_MAX_PARK_US"
+)
+
+// Defaults of Options.
+const (
+	DefaultPollSpin       = 50 * time.Microsecond
+	DefaultMaxPark        = time.Millisecond
+	defaultConnectTimeout = 5 * time.Minute
+)
+
+// Options are ucc's backend options (backend.Config.Options, as *Options
+// or Options; nil is Options{}). The zero value of every field is its
+// default, which the field's variable, when set, replaces; a set field wins
+// over the variable (internal/knob's rule). Invalid values fail New, and so
+// dispatcher.Init, naming the field or variable. The library itself is
+// found through GOCOLL_UCC_LIBRARY (LibraryEnv), else the soname.
+type Options struct {
+	// ConnectTimeout bounds the wire-up (UCC context and team, over the
+	// store) on every rank. Default: the group's timeout, or 5 minutes.
+	ConnectTimeout time.Duration
+	// PollSpin is how long the progress goroutine calls
+	// ucc_context_progress back to back, while ops are pending and nothing
+	// completes, before it starts to sleep between rounds (UCC has no
+	// wake-up fd). Negative: never spin. Default 50 µs
+	// (GOCOLL_UCC_POLL_SPIN_US).
+	PollSpin time.Duration
+	// MaxPark is the longest sleep between progress rounds while ops are
+	// pending; the sleep doubles from 1 µs up to it. With nothing pending
+	// the goroutine blocks and costs nothing. Default 1 ms
+	// (GOCOLL_UCC_MAX_PARK_US).
+	MaxPark time.Duration
+}
+
+func field(name string) string { return "ucc.Options." + name }
+
+var (
+	knobPollSpin = knob.Knob[time.Duration]{Field: field("PollSpin"), Env: []string{EnvPollSpin}, Default: DefaultPollSpin,
+		Parse: knob.Units(time.Microsecond)}
+	knobMaxPark = knob.Knob[time.Duration]{Field: field("MaxPark"), Env: []string{EnvMaxPark}, Default: DefaultMaxPark,
+		Parse: knob.Units(time.Microsecond), Check: knob.Positive[time.Duration]}
+)
+
+// optionsOf reads backend.Config.Options.
+func optionsOf(v any) (Options, error) {
+	switch o := v.(type) {
+	case nil:
+		return Options{}, nil
+	case Options:
+		return o, nil
+	case *Options:
+		if o == nil {
+			return Options{}, nil
+		}
+		return *o, nil
+	}
+	return Options{}, fmt.Errorf("%w: ucc: options of type %T (want *ucc.Options)", backend.ErrInvalidArgument, v)
+}
+
+// resolveOptions fills o's zero fields from env, else the defaults, and
+// checks every value; groupTimeout is ConnectTimeout's default.
+func resolveOptions(o Options, groupTimeout time.Duration, env knob.Env) (Options, error) {
+	var err error
+	o.PollSpin, err = knobPollSpin.Resolve(env, o.PollSpin)
+	if err == nil {
+		o.MaxPark, err = knobMaxPark.Resolve(env, o.MaxPark)
+	}
+	if err == nil {
+		def := groupTimeout
+		if def <= 0 {
+			def = defaultConnectTimeout
+		}
+		o.ConnectTimeout, err = knob.Knob[time.Duration]{Field: field("ConnectTimeout"), Default: def,
+			Check: knob.Positive[time.Duration]}.Resolve(env, o.ConnectTimeout)
+	}
+	if err != nil {
+		return o, fmt.Errorf("%w: ucc: %w", backend.ErrInvalidArgument, err)
+	}
+	return o, nil
+}

@@ -1,0 +1,363 @@
+package ucc
+
+/*
+#include "ucc_dl.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/reduce"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// UCC collective types (ucc_coll_type_t).
+const (
+	collAllgather     = 1 << 0
+	collAllgatherv    = 1 << 1
+	collAllreduce     = 1 << 2
+	collAlltoall      = 1 << 3
+	collAlltoallv     = 1 << 4
+	collBarrier       = 1 << 5
+	collBcast         = 1 << 6
+	collGather        = 1 << 9
+	collReduce        = 1 << 11
+	collReduceScatter = 1 << 12
+	collScatter       = 1 << 14
+)
+
+// ucc_coll_args_flags_t.
+const (
+	flagInPlace = 1 << 0
+	flag64      = 1<<2 | 1<<3 // COUNT_64BIT | DISPLACEMENTS_64BIT: the _v arrays are uint64
+)
+
+// UCC datatypes: UCC_PREDEFINED_DT(id) is id << 3.
+func predefined(id uint64) uint64 { return id << 3 }
+
+var dtBytes = predefined(5) // UCC_DT_UINT8: ops that only move data move bytes
+
+// ucc_reduction_op_t.
+const (
+	opSum  = 0
+	opProd = 1
+	opMax  = 2
+	opMin  = 3
+	opBAnd = 7
+	opBOr  = 8
+	opBXor = 9
+)
+
+// dummy stands in for the buffer of an empty tensor: UCC gets a valid
+// address with a count of zero.
+var dummy [64]byte
+
+// plan is an op being turned into UCC collectives.
+type plan struct {
+	b       *Backend
+	op      backend.Op
+	m       backend.Meta
+	descs   []C.gu_desc
+	pins    [][]byte   // host buffers UCC will point into
+	arrs    [][]uint64 // counts and displacements arrays
+	after   func()
+	outputs []*tensor.Tensor
+	barrier bool
+}
+
+func (b *Backend) plan(op backend.Op, m backend.Meta, outputs []*tensor.Tensor) *plan {
+	return &plan{b: b, op: op, m: m, outputs: outputs}
+}
+
+// buf is the address of bs for UCC; it is pinned until UCC is done.
+func (p *plan) buf(bs []byte) C.uintptr_t {
+	if len(bs) == 0 {
+		return C.uintptr_t(uintptr(unsafe.Pointer(&dummy[0])))
+	}
+	p.pins = append(p.pins, bs)
+	return C.uintptr_t(uintptr(unsafe.Pointer(&bs[0])))
+}
+
+// arr is the address of a counts or displacements array.
+func (p *plan) arr(v []uint64) C.uintptr_t {
+	if len(v) == 0 {
+		return C.uintptr_t(uintptr(unsafe.Pointer(&dummy[0])))
+	}
+	p.arrs = append(p.arrs, v)
+	return C.uintptr_t(uintptr(unsafe.Pointer(&v[0])))
+}
+
+// vec makes the counts and displacements (prefix sums) of sizes.
+func (p *plan) vec(sizes []int) (counts, displs C.uintptr_t) {
+	c, d := make([]uint64, len(sizes)), make([]uint64, len(sizes))
+	off := 0
+	for i, s := range sizes {
+		c[i], d[i] = uint64(s), uint64(off)
+		off += s
+	}
+	return p.arr(c), p.arr(d)
+}
+
+func (p *plan) add(d C.gu_desc) { p.descs = append(p.descs, d) }
+
+// errKind maps a UCC init or post failure to the sentinel it wraps.
+func errKind(err error) error {
+	var ue *Error
+	if errors.As(err, &ue) {
+		switch {
+		case ue.unsupported():
+			return backend.ErrUnsupported
+		case ue.Status == -3: // UCC_ERR_INVALID_PARAM
+			return backend.ErrInvalidArgument
+		}
+	}
+	return backend.ErrUnavailable
+}
+
+// submit initialises and posts the plan's collectives, in order, under
+// b.mu (so every rank posts in issue order), and returns the op's work.
+// An init that fails finalises the ones before it: nothing is posted and
+// the error (ErrUnsupported when UCC has no algorithm) comes back now.
+func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
+	_ = ctx
+	w := &work{HostWork: backend.NewHostWork(p.m.Seq, true, nil), b: b, op: p.op, seq: p.m.Seq, timeout: p.m.Timeout,
+		after: p.after, outputs: p.outputs, keep: p.pins}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.usableLocked(p.op, p.m.Seq); err != nil {
+		return nil, err
+	}
+	for _, bs := range p.pins {
+		w.pin.Pin(&bs[0])
+	}
+	for _, a := range p.arrs {
+		w.pin.Pin(&a[0])
+	}
+	w.reqs = make([]C.uintptr_t, len(p.descs))
+	for i := range p.descs {
+		if err := result("ucc_collective_init", C.gu_coll_init(b.team, &p.descs[i], &w.reqs[i])); err != nil {
+			for _, r := range w.reqs[:i] {
+				C.gu_coll_finalize(r)
+			}
+			w.pin.Unpin()
+			return nil, &backend.OpError{Op: p.op.String(), Seq: p.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err,
+				Detail: fmt.Sprintf("collective %d of %d of the op", i+1, len(p.descs))}
+		}
+	}
+	if p.barrier {
+		for _, o := range b.pending {
+			if !o.IsCompleted() {
+				w.deps = append(w.deps, o)
+			}
+		}
+	}
+	w.enq = time.Now()
+	w.MarkStarted()
+	var perr error
+	for i, r := range w.reqs {
+		if err := result("ucc_collective_post", C.gu_coll_post(r)); err != nil {
+			// The ones before are posted and stay, as after a timeout.
+			for _, rest := range w.reqs[i:] {
+				C.gu_coll_finalize(rest)
+			}
+			w.reqs = w.reqs[:i]
+			perr = &backend.OpError{Op: p.op.String(), Seq: p.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err}
+			w.fail(perr)
+			break
+		}
+	}
+	if len(w.reqs) == 0 && len(w.deps) == 0 {
+		w.pin.Unpin()
+		if perr != nil {
+			return nil, perr
+		}
+		if w.after != nil {
+			w.after()
+		}
+		w.Complete(w.outputs, nil)
+		return w, nil
+	}
+	b.pending = append(b.pending, w)
+	if perr != nil {
+		return nil, perr
+	}
+	if p.m.Timeout > 0 {
+		b.wd.Enqueue(w, "team", w.enq, p.m.Timeout)
+	}
+	b.wake()
+	return w, nil
+}
+
+func (b *Backend) invalid(op backend.Op, m backend.Meta, format string, args ...any) error {
+	return &backend.OpError{Op: op.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Detail: fmt.Sprintf(format, args...)}
+}
+
+// host returns the bytes of host tensors, or an error for a device or
+// non-contiguous one.
+func (b *Backend) host(op backend.Op, m backend.Meta, ts ...*tensor.Tensor) ([][]byte, error) {
+	out := make([][]byte, len(ts))
+	for i, t := range ts {
+		if t == nil {
+			return nil, b.invalid(op, m, "nil tensor")
+		}
+		if t.Device().Type != tensor.CPU {
+			return nil, &backend.OpError{Op: op.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrUnsupported,
+				Detail: fmt.Sprintf("tensor on %s: the ucc backend serves CPU tensors (Debian's UCC has no CUDA components)", t.Device())}
+		}
+		if !t.IsContiguous() {
+			return nil, b.invalid(op, m, "Tensors must be contiguous")
+		}
+		out[i] = t.Bytes()
+	}
+	return out, nil
+}
+
+// reduction is how one reduce op on one dtype runs: UCC's datatype and
+// op, and gocoll's kernel for what UCC lacks (PREMUL_SUM's scaling before,
+// AVG's division after, the combine of several local tensors).
+type reduction struct {
+	k       reduce.Kernel
+	dt, op  uint64
+	elemLen int
+}
+
+// reductionOf maps (dt, op) to UCC. UCC reduces integers, float16/32/64
+// and bfloat16; bool reduces as uint8 0/1 (SUM and MAX as MAX, PRODUCT and
+// MIN as MIN); float8 reductions are ErrUnsupported.
+func (b *Backend) reductionOf(opk backend.Op, m backend.Meta, dt tensor.DType, op backend.ReduceOp) (reduction, error) {
+	k, err := reduce.For(dt, op)
+	if err != nil {
+		return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Err: err}
+	}
+	r := reduction{k: k, elemLen: dt.Size()}
+	switch dt {
+	case tensor.Int8:
+		r.dt = predefined(0)
+	case tensor.Int32:
+		r.dt = predefined(2)
+	case tensor.Int64:
+		r.dt = predefined(3)
+	case tensor.Uint8, tensor.Bool:
+		r.dt = predefined(5)
+	case tensor.Float16:
+		r.dt = predefined(10)
+	case tensor.Float32:
+		r.dt = predefined(11)
+	case tensor.Float64:
+		r.dt = predefined(12)
+	case tensor.BFloat16:
+		r.dt = predefined(13)
+	default:
+		return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrUnsupported,
+			Detail: fmt.Sprintf("UCC has no %s datatype to reduce", dt)}
+	}
+	switch op.Type {
+	case backend.Sum, backend.Avg, backend.PreMulSum:
+		r.op = opSum
+	case backend.Product:
+		r.op = opProd
+	case backend.Min:
+		r.op = opMin
+	case backend.Max:
+		r.op = opMax
+	case backend.BAnd:
+		r.op = opBAnd
+	case backend.BOr:
+		r.op = opBOr
+	case backend.BXor:
+		r.op = opBXor
+	}
+	if dt == tensor.Bool {
+		switch op.Type {
+		case backend.Product, backend.Min, backend.BAnd:
+			r.op = opMin
+		case backend.BXor:
+			r.op = opBXor
+		default:
+			r.op = opMax
+		}
+	}
+	return r, nil
+}
+
+// count is the number of elements of bs.
+func (r reduction) count(bs []byte) C.uint64_t { return C.uint64_t(len(bs) / r.elemLen) }
+
+// post finishes a reduced buffer (AVG's division).
+func (r reduction) post(buf []byte, contributions int) {
+	if r.k.Post != nil {
+		r.k.Post(buf, contributions)
+	}
+}
+
+// combineLocal scales (PREMUL_SUM) and reduces this rank's tensors into
+// bufs[into], Gloo's handling of several tensors per call.
+func (r reduction) combineLocal(bufs [][]byte, into int) []byte {
+	if r.k.Pre != nil {
+		for _, o := range bufs {
+			r.k.Pre(o)
+		}
+	}
+	buf := bufs[into]
+	for i, o := range bufs {
+		if i != into {
+			r.k.Combine(buf, o)
+		}
+	}
+	return buf
+}
+
+// scaled returns in, or a scaled copy of it when the op pre-scales, so
+// that the caller's input is left as it was.
+func (r reduction) scaled(in []byte) []byte {
+	if r.k.Pre == nil {
+		return in
+	}
+	c := append([]byte(nil), in...)
+	r.k.Pre(c)
+	return c
+}
+
+func flat(lists [][]*tensor.Tensor) []*tensor.Tensor {
+	var out []*tensor.Tensor
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	return out
+}
+
+func pack(bufs [][]byte) ([]byte, []int) {
+	n := 0
+	sizes := make([]int, len(bufs))
+	for i, x := range bufs {
+		n += len(x)
+		sizes[i] = len(x)
+	}
+	out := make([]byte, 0, n)
+	for _, x := range bufs {
+		out = append(out, x...)
+	}
+	return out, sizes
+}
+
+func unpack(packed []byte, bufs [][]byte) {
+	off := 0
+	for _, x := range bufs {
+		off += copy(x, packed[off:])
+	}
+}
+
+func allEqual(sizes []int) bool {
+	for _, s := range sizes {
+		if s != sizes[0] {
+			return false
+		}
+	}
+	return true
+}

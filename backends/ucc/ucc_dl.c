@@ -1,0 +1,203 @@
+// Run-time binding of libucc.so.1. See ucc_dl.h.
+#include "ucc_dl.h"
+
+#include "_cgo_export.h"
+
+typedef void *lib_h, *ctx_h, *team_h, *req_h, *cfg_h;
+
+// X(symbol, required, return type, params)
+#define GU_SYMS(X)                                                                                   \
+	X(ucc_lib_config_read, 1, gu_status, (const char *, const char *, cfg_h *))                        \
+	X(ucc_lib_config_release, 1, void, (cfg_h))                                                        \
+	X(ucc_init_version, 1, gu_status, (unsigned, unsigned, const gu_lib_params *, cfg_h, lib_h *))     \
+	X(ucc_finalize, 1, gu_status, (lib_h))                                                             \
+	X(ucc_context_config_read, 1, gu_status, (lib_h, const char *, cfg_h *))                           \
+	X(ucc_context_config_release, 1, void, (cfg_h))                                                    \
+	X(ucc_context_create, 1, gu_status, (lib_h, const gu_context_params *, cfg_h, ctx_h *))            \
+	X(ucc_context_progress, 1, gu_status, (ctx_h))                                                     \
+	X(ucc_context_destroy, 1, gu_status, (ctx_h))                                                      \
+	X(ucc_team_create_post, 1, gu_status, (ctx_h *, uint32_t, const gu_team_params *, team_h *))       \
+	X(ucc_team_create_test, 1, gu_status, (team_h))                                                    \
+	X(ucc_team_destroy, 1, gu_status, (team_h))                                                        \
+	X(ucc_collective_init, 1, gu_status, (gu_coll_args *, req_h *, team_h))                            \
+	X(ucc_collective_post, 1, gu_status, (req_h))                                                      \
+	X(ucc_collective_finalize, 1, gu_status, (req_h))                                                  \
+	X(ucc_status_string, 1, const char *, (gu_status))                                                 \
+	X(ucc_get_version_string, 0, const char *, (void))
+
+#define GU_DECL(f, req, ret, params) static ret(*p_##f) params;
+GU_SYMS(GU_DECL)
+
+enum {
+#define GU_INDEX(f, req, ret, params) GU_I_##f,
+	GU_SYMS(GU_INDEX) GU_NSYMS
+};
+#define GU_NAME(f, req, ret, params) #f,
+static const char *const gu_names[] = {GU_SYMS(GU_NAME)};
+#define GU_REQ(f, req, ret, params) req,
+static const int gu_required[] = {GU_SYMS(GU_REQ)};
+
+int gu_sym_count(void) { return GU_NSYMS; }
+const char *gu_sym_name(int i) { return gu_names[i]; }
+int gu_sym_required(int i) { return gu_required[i]; }
+
+void gu_bind(const uintptr_t *addrs) {
+#define GU_BIND(f, req, ret, params) p_##f = (ret(*) params)(void *)addrs[GU_I_##f];
+	GU_SYMS(GU_BIND)
+}
+
+const char *gu_status_string(int st) { return p_ucc_status_string ? p_ucc_status_string(st) : "unknown UCC status"; }
+const char *gu_version_string(void) { return p_ucc_get_version_string ? p_ucc_get_version_string() : "?"; }
+
+// The out-of-band allgather UCC runs its wire-up on: Go's, over the
+// group's store (oob.go). coll_info is the cgo.Handle of the Go side; the
+// request is a handle too.
+static gu_status gu_oob_allgather(void *src, void *recv, size_t size, void *info, void **req) {
+	uintptr_t r = 0;
+	int st = goUccOobAllgather((uintptr_t)info, src, recv, size, &r);
+	*req = (void *)r;
+	return st;
+}
+static gu_status gu_oob_test(void *req) { return goUccOobTest((uintptr_t)req); }
+static gu_status gu_oob_free(void *req) { return goUccOobFree((uintptr_t)req); }
+
+static void gu_oob_fill(gu_oob *o, uintptr_t info, uint32_t n, uint32_t rank) {
+	o->allgather = gu_oob_allgather;
+	o->req_test = gu_oob_test;
+	o->req_free = gu_oob_free;
+	o->coll_info = (void *)info;
+	o->n_oob_eps = n;
+	o->oob_ep = rank;
+}
+
+// API 1.7: the oldest whose headers gu_* mirror; newer libraries accept it.
+#define GU_API_MAJOR 1
+#define GU_API_MINOR 7
+
+int gu_lib_init(uintptr_t *lib) {
+	cfg_h cfg = NULL;
+	gu_status st = p_ucc_lib_config_read(NULL, NULL, &cfg);
+	if (st != GU_OK) return st;
+	gu_lib_params p = {0};
+	p.mask = 1u << 0; // UCC_LIB_PARAM_FIELD_THREAD_MODE
+	p.thread_mode = 2; // UCC_THREAD_MULTIPLE: ops are posted by callers, progressed by the backend's goroutine
+	lib_h l = NULL;
+	st = p_ucc_init_version(GU_API_MAJOR, GU_API_MINOR, &p, cfg, &l);
+	p_ucc_lib_config_release(cfg);
+	*lib = (uintptr_t)l;
+	return st;
+}
+
+int gu_context_create(uintptr_t lib, uintptr_t oob, uint32_t n, uint32_t rank, uintptr_t *ctx) {
+	cfg_h cfg = NULL;
+	gu_status st = p_ucc_context_config_read((lib_h)lib, NULL, &cfg);
+	if (st != GU_OK) return st;
+	gu_context_params p = {0};
+	p.mask = (1u << 0) | (1u << 2); // TYPE | OOB
+	p.type = 0;                     // UCC_CONTEXT_EXCLUSIVE
+	gu_oob_fill(&p.oob, oob, n, rank);
+	ctx_h c = NULL;
+	st = p_ucc_context_create((lib_h)lib, &p, cfg, &c);
+	p_ucc_context_config_release(cfg);
+	*ctx = (uintptr_t)c;
+	return st;
+}
+
+int gu_team_create_post(uintptr_t ctx, uintptr_t oob, uint32_t n, uint32_t rank, uintptr_t *team) {
+	gu_team_params p = {0};
+	p.mask = (1u << 2) | (1u << 4) | (1u << 7); // EP | EP_RANGE | OOB
+	p.ep = rank;
+	p.ep_range = 0; // UCC_COLLECTIVE_EP_RANGE_CONTIG
+	gu_oob_fill(&p.oob, oob, n, rank);
+	ctx_h c = (ctx_h)ctx;
+	team_h t = NULL;
+	gu_status st = p_ucc_team_create_post(&c, 1, &p, &t);
+	*team = (uintptr_t)t;
+	return st;
+}
+
+int gu_team_create_test(uintptr_t team) { return p_ucc_team_create_test((team_h)team); }
+int gu_context_progress(uintptr_t ctx) { return p_ucc_context_progress((ctx_h)ctx); }
+
+int gu_coll_init(uintptr_t team, const gu_desc *d, uintptr_t *req) {
+	gu_coll_args a = {0};
+	a.mask = 1u << 0; // UCC_COLL_ARGS_FIELD_FLAGS
+	a.coll_type = d->coll_type;
+	a.op = d->op;
+	a.root = d->root;
+	a.flags = d->flags;
+	if (d->v_src) {
+		a.src.info_v.buffer = (void *)d->src;
+		a.src.info_v.counts = (uint64_t *)d->src_counts;
+		a.src.info_v.displacements = (uint64_t *)d->src_displs;
+		a.src.info_v.datatype = d->dt;
+	} else {
+		a.src.info.buffer = (void *)d->src;
+		a.src.info.count = d->src_count;
+		a.src.info.datatype = d->dt;
+	}
+	if (d->v_dst) {
+		a.dst.info_v.buffer = (void *)d->dst;
+		a.dst.info_v.counts = (uint64_t *)d->dst_counts;
+		a.dst.info_v.displacements = (uint64_t *)d->dst_displs;
+		a.dst.info_v.datatype = d->dt;
+	} else {
+		a.dst.info.buffer = (void *)d->dst;
+		a.dst.info.count = d->dst_count;
+		a.dst.info.datatype = d->dt;
+	}
+	if (d->as_size > 0) {
+		a.mask |= (1u << 1) | (1u << 4); // TAG | ACTIVE_SET
+		a.tag = d->tag;
+		a.active_set.start = d->as_start;
+		a.active_set.stride = d->as_stride;
+		a.active_set.size = d->as_size;
+	}
+	req_h r = NULL;
+	gu_status st = p_ucc_collective_init(&a, &r, (team_h)team);
+	*req = (uintptr_t)r;
+	return st;
+}
+
+int gu_coll_post(uintptr_t req) { return p_ucc_collective_post((req_h)req); }
+// ucc_collective_test is inline in ucc.h: the status is the request's first field.
+int gu_coll_test(uintptr_t req) { return *(volatile gu_status *)req; }
+int gu_coll_finalize(uintptr_t req) { return p_ucc_collective_finalize((req_h)req); }
+int gu_team_destroy(uintptr_t team) { return p_ucc_team_destroy((team_h)team); }
+int gu_context_destroy(uintptr_t ctx) { return p_ucc_context_destroy((ctx_h)ctx); }
+int gu_finalize(uintptr_t lib) { return p_ucc_finalize((lib_h)lib); }
+
+#define GU_F(T, f) offsetof(T, f)
+size_t gu_layout(int s, int f) {
+#define GU_ROW(T, ...)                                                                \
+	{                                                                                 \
+		size_t offs[] = {__VA_ARGS__};                                                \
+		if (f < 0) return sizeof(T);                                                  \
+		return (size_t)f < sizeof(offs) / sizeof(offs[0]) ? offs[f] : (size_t)-1;     \
+	}
+	switch (s) {
+	case 0: GU_ROW(gu_lib_params, GU_F(gu_lib_params, mask), GU_F(gu_lib_params, thread_mode), GU_F(gu_lib_params, coll_types),
+	               GU_F(gu_lib_params, reduction_types), GU_F(gu_lib_params, sync_type))
+	case 1: GU_ROW(gu_oob, GU_F(gu_oob, allgather), GU_F(gu_oob, req_test), GU_F(gu_oob, req_free), GU_F(gu_oob, coll_info),
+	               GU_F(gu_oob, n_oob_eps), GU_F(gu_oob, oob_ep))
+	case 2: GU_ROW(gu_context_params, GU_F(gu_context_params, mask), GU_F(gu_context_params, type), GU_F(gu_context_params, sync_type),
+	               GU_F(gu_context_params, oob), GU_F(gu_context_params, ctx_id), GU_F(gu_context_params, mem_params))
+	case 3: GU_ROW(gu_team_params, GU_F(gu_team_params, mask), GU_F(gu_team_params, flags), GU_F(gu_team_params, ordering),
+	               GU_F(gu_team_params, outstanding_colls), GU_F(gu_team_params, ep), GU_F(gu_team_params, ep_list),
+	               GU_F(gu_team_params, ep_range), GU_F(gu_team_params, team_size), GU_F(gu_team_params, sync_type),
+	               GU_F(gu_team_params, oob), GU_F(gu_team_params, p2p_conn), GU_F(gu_team_params, mem_params),
+	               GU_F(gu_team_params, ep_map), GU_F(gu_team_params, id))
+	case 4: GU_ROW(gu_info, GU_F(gu_info, buffer), GU_F(gu_info, count), GU_F(gu_info, datatype), GU_F(gu_info, mem_type))
+	case 5: GU_ROW(gu_info_v, GU_F(gu_info_v, buffer), GU_F(gu_info_v, counts), GU_F(gu_info_v, displacements),
+	               GU_F(gu_info_v, datatype), GU_F(gu_info_v, mem_type))
+	case 6: GU_ROW(gu_coll_args, GU_F(gu_coll_args, mask), GU_F(gu_coll_args, coll_type), GU_F(gu_coll_args, src),
+	               GU_F(gu_coll_args, dst), GU_F(gu_coll_args, op), GU_F(gu_coll_args, flags), GU_F(gu_coll_args, root),
+	               GU_F(gu_coll_args, error_type), GU_F(gu_coll_args, tag), GU_F(gu_coll_args, global_work_buffer),
+	               GU_F(gu_coll_args, cb), GU_F(gu_coll_args, timeout), GU_F(gu_coll_args, active_set),
+	               GU_F(gu_coll_args, src_memh), GU_F(gu_coll_args, dst_memh))
+	case 7: GU_ROW(gu_ep_map, GU_F(gu_ep_map, type), GU_F(gu_ep_map, ep_num), GU_F(gu_ep_map, u))
+	case 8: GU_ROW(gu_p2p_conn, GU_F(gu_p2p_conn, conn_info_lookup), GU_F(gu_p2p_conn, conn_info_release),
+	               GU_F(gu_p2p_conn, conn_ctx), GU_F(gu_p2p_conn, req_test), GU_F(gu_p2p_conn, req_free))
+	}
+	return (size_t)-1;
+}
