@@ -256,13 +256,13 @@ func defineMovement(s *Suite) {
 					// On a stream backend a receive posted first would hold
 					// the stream, and the send queued behind it, until the
 					// peer's send came: even ranks send first.
-					s.Done(s.PG.Send(bg, []*tensor.Tensor{out}, next, backend.SendOptions{}))
+					s.Done(s.Issued(s.PG.Send(bg, []*tensor.Tensor{out}, next, backend.SendOptions{})))
 					var err error
 					rw, err = s.PG.Recv(bg, []*tensor.Tensor{in}, prev, backend.RecvOptions{})
 					s.Done(rw, err)
 				} else {
 					var err error
-					rw, err = s.PG.Recv(bg, []*tensor.Tensor{in}, prev, backend.RecvOptions{})
+					rw, err = s.Issued(s.PG.Recv(bg, []*tensor.Tensor{in}, prev, backend.RecvOptions{}))
 					Expect(err).NotTo(HaveOccurred())
 					s.Done(s.PG.Send(bg, []*tensor.Tensor{out}, next, backend.SendOptions{}))
 					s.Done(rw, nil)

@@ -414,11 +414,11 @@ func defineP2P(s *Suite) {
 			s.Gate("p2p/tags")
 			s.Require(s.Size > 1, "needs two ranks")
 			if s.Rank == 0 {
-				s.Done(s.PG.Send(bg, []*tensor.Tensor{s.Tensor(tensor.Int64, []float64{1})}, 1, backend.SendOptions{Tag: 1}))
+				s.Done(s.Issued(s.PG.Send(bg, []*tensor.Tensor{s.Tensor(tensor.Int64, []float64{1})}, 1, backend.SendOptions{Tag: 1})))
 				s.Done(s.PG.Send(bg, []*tensor.Tensor{s.Tensor(tensor.Int64, []float64{2})}, 1, backend.SendOptions{Tag: 2}))
 			} else if s.Rank == 1 {
 				two, one := s.Zeros(tensor.Int64, 1), s.Zeros(tensor.Int64, 1)
-				w2, err := s.PG.Recv(bg, []*tensor.Tensor{two}, 0, backend.RecvOptions{Tag: 2})
+				w2, err := s.Issued(s.PG.Recv(bg, []*tensor.Tensor{two}, 0, backend.RecvOptions{Tag: 2}))
 				Expect(err).NotTo(HaveOccurred())
 				s.Done(s.PG.Recv(bg, []*tensor.Tensor{one}, 0, backend.RecvOptions{Tag: 1}))
 				s.Done(w2, nil)
@@ -443,7 +443,7 @@ func defineP2P(s *Suite) {
 				if s.Caps.StreamSemantics {
 					Skip("stream backends have no recv_anysource")
 				}
-				s.Done(s.PG.Send(bg, []*tensor.Tensor{s.Tensor(tensor.Float32, []float64{7, 8, 9})}, 0, backend.SendOptions{Tag: 5}))
+				s.Done(s.Issued(s.PG.Send(bg, []*tensor.Tensor{s.Tensor(tensor.Float32, []float64{7, 8, 9})}, 0, backend.SendOptions{Tag: 5})))
 			}
 		})
 	})

@@ -128,4 +128,6 @@ func goUccOobFree(req C.uintptr_t) C.int {
 	return oobOK
 }
 
-func (o *oob) String() string { return fmt.Sprintf("oob(rank %d of %d, round %d)", o.rank, o.size, o.round) }
+func (o *oob) String() string {
+	return fmt.Sprintf("oob(rank %d of %d, round %d)", o.rank, o.size, o.round)
+}

@@ -460,6 +460,11 @@ func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor
 	if len(out) == 0 {
 		return b.submit(ctx, p)
 	}
+	// UCC 1.9 has no scatter algorithm on the CPU (ucc_collective_init:
+	// not supported): an alltoallv in which only the root sends does it.
+	world := b.cfg.WorldSize
+	inSizes, outSizes := make([]int, world), make([]int, world)
+	outSizes[opts.RootRank] = len(out)
 	var src []byte
 	if b.cfg.Rank == opts.RootRank {
 		if len(inputs) != 1 {
@@ -469,12 +474,9 @@ func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor
 		if err != nil {
 			return nil, err
 		}
-		src, _ = pack(ins)
-	} else {
-		src = make([]byte, len(out)*b.cfg.WorldSize) // the tree's inner ranks pass blocks on
+		src, inSizes = pack(ins)
 	}
-	p.add(C.gu_desc{coll_type: collScatter, dt: C.uint64_t(dtBytes), root: cu(opts.RootRank), src: p.buf(src), src_count: cu(len(src)),
-		dst: p.buf(out), dst_count: cu(len(out))})
+	p.alltoallv(src, inSizes, out, outSizes)
 	return b.submit(ctx, p)
 }
 

@@ -228,7 +228,7 @@ type reduction struct {
 }
 
 // reductionOf maps (dt, op) to UCC. UCC reduces integers, float16/32/64
-// and bfloat16; bool reduces as uint8 0/1 (SUM and MAX as MAX, PRODUCT and
+// and bfloat16 (float16 gives wrong sums: ErrUnsupported); bool reduces as uint8 0/1 (SUM and MAX as MAX, PRODUCT and
 // MIN as MIN); float8 reductions are ErrUnsupported.
 func (b *Backend) reductionOf(opk backend.Op, m backend.Meta, dt tensor.DType, op backend.ReduceOp) (reduction, error) {
 	k, err := reduce.For(dt, op)
@@ -246,7 +246,11 @@ func (b *Backend) reductionOf(opk backend.Op, m backend.Meta, dt tensor.DType, o
 	case tensor.Uint8, tensor.Bool:
 		r.dt = predefined(5)
 	case tensor.Float16:
-		r.dt = predefined(10)
+		// UCC 1.9's CPU reductions of float16 return wrong sums (seen at
+		// 2 ranks: a rank's own values back); refuse them rather than
+		// return them.
+		return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrUnsupported,
+			Detail: "UCC's CPU reduction of float16 gives wrong results (UCC 1.9); reduce float16 on another backend"}
 	case tensor.Float32:
 		r.dt = predefined(11)
 	case tensor.Float64:

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gocoll/gocoll/backends/cpupool"
 	_ "github.com/gocoll/gocoll/backends/nccl/ncclconform" // registers "nccl" and its specs, setup and child scenarios
+	_ "github.com/gocoll/gocoll/backends/ucc/uccconform"   // registers "ucc" and its setup
 	"github.com/gocoll/gocoll/conformance"
 )
 
