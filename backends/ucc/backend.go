@@ -46,11 +46,16 @@
 // request is left posted, and leaves them allocated otherwise; it never
 // hangs.
 //
-// Point to point. UCC has no send and recv; this backend does not
-// emulate them (PyTorch builds them on two-rank active-set broadcasts):
-// Send, Recv and RecvAnysource return ErrUnsupported, as do
-// MonitoredBarrier (a host barrier with an arbiter, not a UCC collective)
-// and reductions of the float8 types, which UCC cannot reduce.
+// Point to point. UCC has no send and recv; as PyTorch's ProcessGroupUCC
+// does, Send and Recv are broadcasts over the two-rank active set of the
+// peers, with the user tag (0 to 32759) in UCC's tag field (p2p.go).
+// RecvAnysource returns ErrUnsupported: a UCC broadcast names its root when
+// posted and cannot be cancelled. MonitoredBarrier runs over the group's
+// store, not UCC, so that a hung collective cannot hold it back.
+//
+// Narrow floats. UCC 1.9's CPU float16 sums are wrong and it has no float8
+// types: reductions of float16 and the float8 types widen to float32 in
+// scratch, reduce in float32 with UCC and round back once at the end.
 package ucc
 
 /*
@@ -189,8 +194,11 @@ func (b *Backend) wireUp(ctx context.Context) error {
 // Name implements backend.Core.
 func (b *Backend) Name() string { return Name }
 
-// Capabilities implements backend.Core. Every dtype moves (as bytes);
-// reductions of the float8 types fail with ErrUnsupported.
+// Capabilities implements backend.Core. Every dtype moves (as bytes) and
+// reduces (float16 and float8 through float32). Send and Recv work;
+// RecvAnysource fails with ErrUnsupported (UCC broadcasts name their root
+// when posted and cannot be cancelled), which Capabilities has no field
+// for.
 func (b *Backend) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Devices:           []tensor.DeviceType{tensor.CPU},
