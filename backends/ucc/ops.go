@@ -66,12 +66,12 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 		return nil, err
 	}
 	p := b.plan(backend.OpAllreduce, m, tensors)
-	buf := r.combineLocal(bufs, 0)
+	buf := r.combineLocal(r.ins(bufs), 0)
 	p.allreduce(r, buf)
 	p.after = func() {
 		r.post(buf, b.cfg.WorldSize*len(bufs))
-		for _, o := range bufs[1:] {
-			copy(o, buf)
+		for _, o := range bufs {
+			r.back(o, buf)
 		}
 	}
 	return b.submit(ctx, p)
@@ -92,15 +92,17 @@ func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensor
 		return nil, err
 	}
 	p := b.plan(backend.OpAllreduceCoalesced, m, tensors)
-	for _, buf := range bufs {
+	ws := r.ins(bufs)
+	for _, buf := range ws {
 		if r.k.Pre != nil {
 			r.k.Pre(buf)
 		}
 		p.allreduce(r, buf)
 	}
 	p.after = func() {
-		for _, buf := range bufs {
+		for i, buf := range ws {
 			r.post(buf, b.cfg.WorldSize)
+			r.back(bufs[i], buf)
 		}
 	}
 	return b.submit(ctx, p)
@@ -120,7 +122,7 @@ func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.
 		return nil, err
 	}
 	p := b.plan(backend.OpReduce, m, tensors)
-	buf := r.combineLocal(bufs, opts.RootTensor)
+	buf := r.combineLocal(r.ins(bufs), opts.RootTensor)
 	root := b.cfg.Rank == opts.RootRank
 	if len(buf) > 0 {
 		a := p.buf(buf)
@@ -138,6 +140,7 @@ func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.
 	p.after = func() {
 		if root {
 			r.post(buf, b.cfg.WorldSize*len(bufs))
+			r.back(bufs[opts.RootTensor], buf)
 		}
 	}
 	return b.submit(ctx, p)
@@ -291,10 +294,20 @@ func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*
 	}
 	p := b.plan(backend.OpReduceScatter, m, outputs)
 	src, sizes := pack(ins)
+	src = r.in(src)
+	for i := range sizes {
+		sizes[i] *= r.ratio
+	}
 	if r.k.Pre != nil {
 		r.k.Pre(src)
 	}
-	p.after = p.reduceScatter(r, src, sizes, outs[0])
+	out := r.scratch(outs[0])
+	if after := p.reduceScatter(r, src, sizes, out); after != nil {
+		p.after = func() {
+			after()
+			r.back(outs[0], out)
+		}
+	}
 	return b.submit(ctx, p)
 }
 
@@ -329,10 +342,14 @@ func (b *Backend) reduceScatterTensors(ctx context.Context, op backend.Op, m bac
 	for i := range ins {
 		sizes := make([]int, b.cfg.WorldSize)
 		for j := range sizes {
-			sizes[j] = len(outs[i])
+			sizes[j] = len(outs[i]) * r.ratio
 		}
-		if a := p.reduceScatter(r, r.scaled(ins[i]), sizes, outs[i]); a != nil {
-			afters = append(afters, a)
+		out, dst := r.scratch(outs[i]), outs[i]
+		if a := p.reduceScatter(r, r.scaled(ins[i]), sizes, out); a != nil {
+			afters = append(afters, func() {
+				a()
+				r.back(dst, out)
+			})
 		}
 	}
 	p.after = func() {

@@ -7,8 +7,10 @@ import "C"
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 	"unsafe"
 
@@ -221,22 +223,38 @@ func (b *Backend) host(op backend.Op, m backend.Meta, ts ...*tensor.Tensor) ([][
 // reduction is how one reduce op on one dtype runs: UCC's datatype and
 // op, and gocoll's kernel for what UCC lacks (PREMUL_SUM's scaling before,
 // AVG's division after, the combine of several local tensors).
+//
+// A reduction of float16 or a float8 type is wide: UCC reduces float32
+// scratch (wide is the caller's dtype, ratio 4 / its size), the kernel is
+// float32's, and back rounds the result to the caller's dtype once.
 type reduction struct {
 	k       reduce.Kernel
 	dt, op  uint64
-	elemLen int
+	elemLen int // the size of the elements UCC reduces
+
+	wide  tensor.DType
+	ratio int // bytes UCC reduces per byte of the caller's tensor
 }
 
-// reductionOf maps (dt, op) to UCC. UCC reduces integers, float16/32/64
-// and bfloat16 (float16 gives wrong sums: ErrUnsupported); bool reduces as uint8 0/1 (SUM and MAX as MAX, PRODUCT and
-// MIN as MIN); float8 reductions are ErrUnsupported.
+// reductionOf maps (dt, op) to UCC. UCC reduces integers, float32/64 and
+// bfloat16; float16 and the float8 types reduce wide, as float32; bool
+// reduces as uint8 0/1 (SUM and MAX as MAX, PRODUCT and MIN as MIN).
 func (b *Backend) reductionOf(opk backend.Op, m backend.Meta, dt tensor.DType, op backend.ReduceOp) (reduction, error) {
 	k, err := reduce.For(dt, op)
 	if err != nil {
 		return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Err: err}
 	}
-	r := reduction{k: k, elemLen: dt.Size()}
+	r := reduction{k: k, elemLen: dt.Size(), ratio: 1}
 	switch dt {
+	case tensor.Float16, tensor.Float8E4M3, tensor.Float8E5M2:
+		// UCC 1.9's CPU float16 reductions return wrong sums (seen at 2
+		// ranks: a rank's own values back) and UCC has no float8 types:
+		// reduce in float32 and round once at the end, which matches or
+		// beats torch's own rounding.
+		if r.k, err = reduce.For(tensor.Float32, op); err != nil {
+			return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Err: err}
+		}
+		r.dt, r.elemLen, r.wide, r.ratio = predefined(11), 4, dt, 4/dt.Size()
 	case tensor.Int8:
 		r.dt = predefined(0)
 	case tensor.Int32:
@@ -245,12 +263,6 @@ func (b *Backend) reductionOf(opk backend.Op, m backend.Meta, dt tensor.DType, o
 		r.dt = predefined(3)
 	case tensor.Uint8, tensor.Bool:
 		r.dt = predefined(5)
-	case tensor.Float16:
-		// UCC 1.9's CPU reductions of float16 return wrong sums (seen at
-		// 2 ranks: a rank's own values back); refuse them rather than
-		// return them.
-		return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrUnsupported,
-			Detail: "UCC's CPU reduction of float16 gives wrong results (UCC 1.9); reduce float16 on another backend"}
 	case tensor.Float32:
 		r.dt = predefined(11)
 	case tensor.Float64:
@@ -317,9 +329,91 @@ func (r reduction) combineLocal(bufs [][]byte, into int) []byte {
 	return buf
 }
 
+// in returns the bytes UCC reduces for the caller's buf: buf itself, or
+// a float32 copy of it for a wide reduction.
+func (r reduction) in(buf []byte) []byte {
+	if r.ratio == 1 {
+		return buf
+	}
+	out := make([]byte, len(buf)*r.ratio)
+	switch r.wide {
+	case tensor.Float16:
+		for i := 0; i+2 <= len(buf); i += 2 {
+			binary.LittleEndian.PutUint32(out[2*i:], math.Float32bits(tensor.Float16ToFloat32(binary.LittleEndian.Uint16(buf[i:]))))
+		}
+	case tensor.Float8E4M3:
+		for i, v := range buf {
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(tensor.Float8E4M3ToFloat32(v)))
+		}
+	default: // Float8E5M2
+		for i, v := range buf {
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(tensor.Float8E5M2ToFloat32(v)))
+		}
+	}
+	return out
+}
+
+// ins is in of every buffer.
+func (r reduction) ins(bufs [][]byte) [][]byte {
+	if r.ratio == 1 {
+		return bufs
+	}
+	out := make([][]byte, len(bufs))
+	for i, b := range bufs {
+		out[i] = r.in(b)
+	}
+	return out
+}
+
+// scratch is where UCC leaves a result meant for out: out itself, or
+// float32 scratch for a wide reduction.
+func (r reduction) scratch(out []byte) []byte {
+	if r.ratio == 1 {
+		return out
+	}
+	return make([]byte, len(out)*r.ratio)
+}
+
+// back puts a result (from in or scratch) into the caller's dst: a copy,
+// none when it is dst itself, or the one rounding of a wide reduction.
+func (r reduction) back(dst, res []byte) {
+	if len(dst) == 0 {
+		return
+	}
+	if r.ratio == 1 {
+		if &dst[0] != &res[0] {
+			copy(dst, res)
+		}
+		return
+	}
+	f := func(i int) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(res[4*i:])) }
+	switch r.wide {
+	case tensor.Float16:
+		for i := 0; i+2 <= len(dst); i += 2 {
+			binary.LittleEndian.PutUint16(dst[i:], tensor.Float16FromFloat32(f(i/2)))
+		}
+	case tensor.Float8E4M3:
+		for i := range dst {
+			dst[i] = tensor.Float8E4M3FromFloat32(f(i))
+		}
+	default: // Float8E5M2
+		for i := range dst {
+			dst[i] = tensor.Float8E5M2FromFloat32(f(i))
+		}
+	}
+}
+
 // scaled returns in, or a scaled copy of it when the op pre-scales, so
-// that the caller's input is left as it was.
+// that the caller's input is left as it was; a wide reduction's is a
+// float32 copy in any case.
 func (r reduction) scaled(in []byte) []byte {
+	if r.ratio != 1 {
+		c := r.in(in)
+		if r.k.Pre != nil {
+			r.k.Pre(c)
+		}
+		return c
+	}
 	if r.k.Pre == nil {
 		return in
 	}
