@@ -25,7 +25,9 @@ const maxTag = 1<<15 - 1 - 8
 // ProcessGroupUCC does, a send is a broadcast rooted at this rank over the
 // active set {this rank, dst} (UCC_COLL_ARGS_FIELD_ACTIVE_SET), carrying
 // the user tag (UCC_COLL_ARGS_FIELD_TAG), so that only the two peers take
-// part and tl/ucp matches it by tag with the peer's receive. Posts are in
+// part and tl/ucp matches it by tag with the peer's receive (tl/ucp marks
+// user-tagged messages with a bit of their own, so they cannot match a
+// collective's sequence tag). Posts are in
 // issue order, and UCX matches equal tags between two ranks in order, so
 // sends and receives of one pair and tag pair up first to first.
 func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, dst int, opts backend.SendOptions) (backend.Work, error) {
