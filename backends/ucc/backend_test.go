@@ -89,18 +89,27 @@ func TestOneRank(t *testing.T) {
 		t.Fatalf("allgather_into_tensor gave %v", v)
 	}
 	done(t)(b.Barrier(context.Background(), backend.Meta{Op: backend.OpBarrier, Seq: 3}, backend.BarrierOptions{}))
-	h, err := tensor.FromFloat64s(tensor.Float16, []float64{1})
-	if err != nil {
-		t.Fatal(err)
+	// float16 reduces wide, in float32 through UCC, and rounds once: three
+	// local tensors 2048 + 1 + 1 give 2050 (rounding at each step, 2048).
+	hs := make([]*tensor.Tensor, 3)
+	for i, v := range []float64{2048, 1, 1} {
+		h, err := tensor.FromFloat64s(tensor.Float16, []float64{v, -v})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs[i] = h
 	}
-	if _, err := b.Allreduce(context.Background(), backend.Meta{Op: backend.OpAllreduce, Seq: 4}, []*tensor.Tensor{h}, backend.AllreduceOptions{}); !errors.Is(err, backend.ErrUnsupported) {
-		t.Fatalf("float16 allreduce: want ErrUnsupported, got %v", err)
+	done(t)(b.Allreduce(context.Background(), backend.Meta{Op: backend.OpAllreduce, Seq: 4}, hs, backend.AllreduceOptions{}))
+	for i, h := range hs {
+		if v, _ := h.Float64s(); v[0] != 2050 || v[1] != -2050 {
+			t.Fatalf("float16 allreduce, tensor %d: %v, want [2050 -2050]", i, v)
+		}
 	}
 	reason := errors.New("test abort")
 	if err := b.Abort(context.Background(), reason); err != nil {
 		t.Fatal(err)
 	}
-	_, err = b.Allreduce(context.Background(), backend.Meta{Op: backend.OpAllreduce, Seq: 5}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+	_, err := b.Allreduce(context.Background(), backend.Meta{Op: backend.OpAllreduce, Seq: 5}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
 	if !errors.Is(err, backend.ErrAborted) || !errors.Is(err, reason) {
 		t.Fatalf("op after Abort: want ErrAborted keeping the reason, got %v", err)
 	}
