@@ -77,6 +77,12 @@ type Config struct {
 	Timeout time.Duration
 	// Device, when set, asks for eager initialisation on that device.
 	Device *tensor.Device
+	// Devices are the device types this instance serves: one backend named
+	// for several device types ("cpu:cpupool,cuda:cpupool") is built once
+	// and serves them all, as PyTorch builds one backend per name. A host
+	// backend stages CUDA tensors only when CUDA is among them. Nil (a
+	// caller that bypasses the dispatcher) means the host alone.
+	Devices []tensor.DeviceType
 	// Options holds backend-specific options (e.g. *nccl.Options); nil for
 	// defaults.
 	Options any

@@ -184,21 +184,34 @@ func (pg *ProcessGroup) build(ctx context.Context, parent *ProcessGroup) error {
 		return fmt.Errorf("dispatcher: %w", err)
 	}
 	pg.backends = make([]slot, tensor.CUDA+1)
+	// One instance per backend name, serving every device type mapped to
+	// it (PyTorch's rule): two instances of one backend would wire up
+	// twice over the same store keys.
+	served := map[string][]tensor.DeviceType{}
+	for dt := tensor.CPU; dt <= tensor.CUDA; dt++ {
+		if name, ok := devmap[dt]; ok {
+			served[name] = append(served[name], dt)
+		}
+	}
 	for dt := tensor.CPU; dt <= tensor.CUDA; dt++ {
 		name, ok := devmap[dt]
 		if !ok {
+			continue
+		}
+		if first := served[name][0]; first != dt {
+			pg.backends[dt] = pg.backends[first]
 			continue
 		}
 		drv, _ := backend.Lookup(name)
 		bcfg := backend.Config{
 			Store: pg.store, Rank: pg.rank, WorldSize: pg.size, GroupName: pg.name, GroupDesc: pg.desc,
 			Timeout: pg.timeout, Options: pg.cfg.BackendOptions[name],
-			Desync: pg.Desync, DumpAll: pg.DumpAll,
+			Desync: pg.Desync, DumpAll: pg.DumpAll, Devices: served[name],
 		}
 		if pg != pg.root {
 			bcfg.GlobalRanks = pg.ranks
 		}
-		if d := pg.cfg.Device; d != nil && d.Type == dt {
+		if d := pg.cfg.Device; d != nil && slices.Contains(served[name], d.Type) {
 			bcfg.Device = d
 		}
 		if parent != nil && int(dt) < len(parent.backends) {
@@ -391,12 +404,22 @@ func (pg *ProcessGroup) closeOne(ctx context.Context) error {
 
 func (pg *ProcessGroup) closeBackends(ctx context.Context) error {
 	var errs []error
-	for _, s := range pg.backends {
-		if s.b != nil {
-			errs = append(errs, s.b.Close(ctx))
-		}
+	for _, b := range pg.distinct() {
+		errs = append(errs, b.Close(ctx))
 	}
 	return errors.Join(errs...)
+}
+
+// distinct returns the group's backends, each once: one instance may serve
+// several device types.
+func (pg *ProcessGroup) distinct() []backend.Backend {
+	var out []backend.Backend
+	for _, s := range pg.backends {
+		if s.b != nil && !slices.Contains(out, s.b) {
+			out = append(out, s.b)
+		}
+	}
+	return out
 }
 
 // family returns the groups a Close or Abort of pg covers: every group of
@@ -428,10 +451,8 @@ func (pg *ProcessGroup) Abort(ctx context.Context, reason error) error {
 	for _, g := range pg.family() {
 		g.abortReason.CompareAndSwap(nil, &reason)
 		g.closed.Store(true)
-		for _, s := range g.backends {
-			if s.b != nil {
-				errs = append(errs, s.b.Abort(ctx, reason))
-			}
+		for _, b := range g.distinct() {
+			errs = append(errs, b.Abort(ctx, reason))
 		}
 	}
 	return errors.Join(errs...)
