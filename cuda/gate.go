@@ -58,3 +58,8 @@ func (g *Gate) Free() error {
 	g.Open()
 	return g.mem.Free()
 }
+
+// Reset closes an opened gate again, so that it can hold streams anew
+// (staging reuses its gates). Call it only once no stream is still
+// waiting on the gate: such a stream would stay held.
+func (g *Gate) Reset() { atomic.StoreUint32(g.word, 0) }

@@ -120,7 +120,7 @@ type Options struct {
 }
 
 func init() {
-	backend.Register(backend.Driver{Name: Name, Devices: []tensor.DeviceType{tensor.CPU}, New: New})
+	backend.Register(backend.Driver{Name: Name, Devices: servedDevices, New: newServed})
 }
 
 // Backend is the cpupool backend of one group.

@@ -75,6 +75,7 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/knob"
+	"github.com/gocoll/gocoll/internal/stage/cudastage"
 	"github.com/gocoll/gocoll/internal/watch"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -97,7 +98,16 @@ const (
 )
 
 func init() {
-	backend.Register(backend.Driver{Name: Name, Devices: []tensor.DeviceType{tensor.CPU}, New: New})
+	// CUDA tensors are staged through pinned host memory on an internal
+	// stream (internal/stage): Debian's UCC has no CUDA components.
+	backend.Register(backend.Driver{Name: Name, Devices: []tensor.DeviceType{tensor.CPU, tensor.CUDA},
+		New: func(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+			b, err := New(ctx, cfg)
+			if err != nil {
+				return nil, err
+			}
+			return cudastage.Wrap(b, cfg)
+		}})
 }
 
 // Backend is the ucc backend of one group.
