@@ -25,6 +25,7 @@ import (
 	_ "github.com/gocoll/gocoll/backends/nccl/ncclconform" // registers "nccl" and its specs, setup and child scenarios
 	_ "github.com/gocoll/gocoll/backends/ucc/uccconform"   // registers "ucc" and its setup
 	"github.com/gocoll/gocoll/conformance"
+	_ "github.com/gocoll/gocoll/internal/stage/stageconform" // the staged CUDA specs of cpupool and ucc
 )
 
 func main() {
