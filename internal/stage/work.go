@@ -144,8 +144,14 @@ func (w *work) waitError(ctx context.Context, start time.Time) error {
 		Waited: time.Since(start), Timeout: w.m.Timeout, Err: ctx.Err()}
 }
 
-// IsCompleted implements backend.Work.
-func (w *work) IsCompleted() bool { return w.fut.IsDone() }
+// IsCompleted implements backend.Work. A queued host op is complete when
+// its inner work is (its future follows a moment later).
+func (w *work) IsCompleted() bool {
+	if w.st == nil && w.issued() {
+		return w.ierr != nil || w.inner.IsCompleted()
+	}
+	return w.fut.IsDone()
+}
 
 // IsStarted implements backend.Work: an op has started once it has been
 // issued to the host backend (a staged one: once its inputs are on the
@@ -162,6 +168,12 @@ func (w *work) IsStarted() (bool, error) {
 
 // Exception implements backend.Work.
 func (w *work) Exception() error {
+	if w.st == nil && w.issued() {
+		if w.ierr != nil {
+			return w.ierr
+		}
+		return w.inner.Exception()
+	}
 	if !w.fut.IsDone() {
 		return nil
 	}
