@@ -9,10 +9,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
@@ -25,12 +25,18 @@ import (
 const benchPrefix = "BENCH "
 
 // bench runs the allreduce benchmark (float32 SUM, out of the dispatcher's
-// public path) over each world size, and with --gloo the same sizes on
-// torch's gloo through python/bench_gloo.py (embedded in this binary, so it
-// runs from any directory), and prints them side by side
-// in nccl-tests' units: algbw = bytes / time, busbw = algbw * 2(n-1)/n.
+// public path) of --backend over each world size, and beside it the peers
+// asked for, each in the same invocation so that the ratios compare runs
+// made back to back: for ucc the raw libucc loop (benchc/ucc-bench-raw.c),
+// cpupool, torch's gloo through python/bench_gloo.py and Open MPI through
+// benchc/bench-mpi.c (all embedded in this binary, so it runs from any
+// directory; the C programs are compiled at run time with gcc and mpicc).
+// Times are in nccl-tests' units: algbw = bytes / time, busbw = algbw *
+// 2(n-1)/n. With --repeat R every series runs R times, interleaved, and the
+// table keeps each size's fastest run.
 func bench(args []string) error {
 	fs := flag.NewFlagSet("conftest bench", flag.ExitOnError)
+	be := fs.String("backend", cpupool.Name, "the backend measured: cpupool or ucc")
 	nprocs := fs.String("nproc", "2,4", "world sizes, comma-separated")
 	minB := fs.String("min", "8", "smallest message in bytes (K, M suffixes)")
 	maxB := fs.String("max", "64M", "largest message in bytes")
@@ -41,9 +47,21 @@ func bench(args []string) error {
 	script := fs.String("script", "", "the gloo benchmark script (default: the embedded python/bench_gloo.py)")
 	scale := fs.Float64("iters", 1, "scale the iteration counts")
 	sizeList := fs.String("sizes", "8,64,512,4K,32K,64K,256K,1M,4M,16M,64M", "message sizes (overrides --min/--max/--factor when set)")
-	tune := fs.String("tune", "", "extra bench-rank flags for cpupool, e.g. '--segment 1048576 --sockbuf 4194304'")
+	tune := fs.String("tune", "", "extra bench-rank flags, e.g. cpupool's '--segment 1048576 --sockbuf 4194304', or '--cpuprofile FILE'")
+	var pf peerFlags
+	fs.StringVar(&pf.wrap, "wrap", "", "command prefix for the ranks of ucc and of the raw loop, e.g. 'scripts/ucc-run.sh --' (the sid root)")
+	fs.BoolVar(&pf.raw, "raw", true, "with --backend ucc: also the raw libucc loop (benchc/ucc-bench-raw.c, compiled with gcc)")
+	fs.StringVar(&pf.rawThread, "raw-thread", "multiple", "the raw loop's UCC thread mode: multiple (the backend's) or single")
+	fs.StringVar(&pf.uccInclude, "ucc-include", "", "directory holding ucc/api/ucc.h for the raw loop (default: GOCOLL_UCC_INCLUDE, else the sid root's usr/include)")
+	fs.BoolVar(&pf.cpupool, "cpupool", false, "with another --backend: also cpupool")
+	fs.BoolVar(&pf.mpi, "mpi", false, "also Open MPI (benchc/bench-mpi.c, compiled with mpicc, run with mpirun)")
+	fs.StringVar(&pf.mpirun, "mpirun", "mpirun --allow-run-as-root --oversubscribe", "the mpirun command line, for --mpi (-np N and the program are appended)")
+	repeat := fs.Int("repeat", 1, "run every series this many times, interleaved; each size keeps its fastest run")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *be != cpupool.Name && *be != "ucc" {
+		return fmt.Errorf("bad --backend %q (cpupool or ucc)", *be)
 	}
 	lo, err := parseBytes(*minB)
 	if err != nil {
@@ -74,38 +92,71 @@ func bench(args []string) error {
 	if err != nil {
 		return err
 	}
+	// Under /tmp (TMPDIR), which scripts/ucc-run.sh shows inside the root.
+	dir, err := os.MkdirTemp("", "conftest-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
 	glooScript := *script
 	if *gloo && glooScript == "" {
-		dir, err := os.MkdirTemp("", "conftest-gloo-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
 		if glooScript, err = python.Write(dir, "bench_gloo.py"); err != nil {
 			return err
 		}
+	}
+	sz := strings.Join(sizes, ",")
+	iters := fmt.Sprint(*scale)
+	wrap := strings.Fields(pf.wrap)
+	rankCmd := func(name string, tuned bool) func(int) []string {
+		return func(int) []string {
+			argv := append([]string{}, wrap...)
+			if name == cpupool.Name {
+				argv = nil // cpupool runs on this machine
+			}
+			argv = append(argv, exe, "bench-rank", "--backend", name, "--sizes", sz, "--threads", strconv.Itoa(*threads), "--iters", iters)
+			if tuned {
+				argv = append(argv, strings.Fields(*tune)...)
+			}
+			return argv
+		}
+	}
+	series := []benchSeries{{name: *be, launch: func(n int) (map[int]float64, error) { return launchBench(n, rankCmd(*be, true), true) }}}
+	peers, err := pf.series(dir, *be, sz, iters, wrap)
+	if err != nil {
+		return err
+	}
+	series = append(series, peers...)
+	if *be != cpupool.Name && pf.cpupool {
+		series = append(series, benchSeries{name: cpupool.Name, launch: func(n int) (map[int]float64, error) {
+			return launchBench(n, rankCmd(cpupool.Name, false), true)
+		}})
+	}
+	if *gloo {
+		series = append(series, benchSeries{name: "gloo", launch: func(n int) (map[int]float64, error) {
+			return launchBench(1, func(port int) []string {
+				return []string{*py, glooScript, "--nproc", strconv.Itoa(n), "--port", strconv.Itoa(port), "--sizes", sz, "--iters", iters}
+			}, false)
+		}})
+	}
+	if pf.mpi {
+		series = append(series, pf.mpiSeries(sz, iters))
 	}
 	for _, ns := range strings.Split(*nprocs, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(ns))
 		if err != nil || n < 1 {
 			return fmt.Errorf("bad --nproc %q", ns)
 		}
-		ours, err := launchBench(n, func(port int) []string {
-			return append([]string{exe, "bench-rank", "--sizes", strings.Join(sizes, ","), "--threads", strconv.Itoa(*threads), "--iters", fmt.Sprint(*scale)}, strings.Fields(*tune)...)
-		}, true)
-		if err != nil {
-			return fmt.Errorf("gocoll bench, %d ranks: %w", n, err)
-		}
-		var theirs map[int]float64
-		if *gloo {
-			theirs, err = launchBench(1, func(port int) []string {
-				return []string{*py, glooScript, "--nproc", strconv.Itoa(n), "--port", strconv.Itoa(port), "--sizes", strings.Join(sizes, ","), "--iters", fmt.Sprint(*scale)}
-			}, false)
-			if err != nil {
-				return fmt.Errorf("gloo bench, %d ranks: %w", n, err)
+		res := make([]map[int]float64, len(series))
+		for range max(1, *repeat) {
+			for i, s := range series {
+				got, err := s.launch(n)
+				if err != nil {
+					return fmt.Errorf("%s bench, %d ranks: %w", s.name, n, err)
+				}
+				res[i] = fastest(res[i], got)
 			}
 		}
-		printBench(n, sizes, ours, theirs)
+		printBench(n, sizes, series, res, *repeat)
 	}
 	return nil
 }
@@ -181,33 +232,11 @@ func launchBench(n int, command func(port int) []string, env bool) (map[int]floa
 	return res, errors.Join(errs...)
 }
 
-func printBench(n int, sizes []string, ours, theirs map[int]float64) {
-	fmt.Printf("\nallreduce float32 sum, %d ranks (time: max over ranks, mean over iterations)\n", n)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "bytes\tcount\ttime(us)\talgbw(GB/s)\tbusbw(GB/s)\t"
-	if theirs != nil {
-		head += "gloo time(us)\tgloo algbw\tgloo busbw\tspeedup\t"
-	}
-	fmt.Fprintln(tw, head)
-	bus := 2 * float64(n-1) / float64(n)
-	for _, s := range sizes {
-		b, _ := strconv.Atoi(s)
-		us := ours[b]
-		alg := float64(b) / us / 1e3
-		row := fmt.Sprintf("%d\t%d\t%.1f\t%.3f\t%.3f\t", b, b/4, us, alg, alg*bus)
-		if theirs != nil {
-			g := theirs[b]
-			galg := float64(b) / g / 1e3
-			row += fmt.Sprintf("%.1f\t%.3f\t%.3f\t%.2fx\t", g, galg, galg*bus, g/us)
-		}
-		fmt.Fprintln(tw, row)
-	}
-	tw.Flush()
-}
-
 // benchRank is one rank of the gocoll benchmark.
 func benchRank(args []string) error {
 	fs := flag.NewFlagSet("conftest bench-rank", flag.ExitOnError)
+	be := fs.String("backend", cpupool.Name, "the backend: cpupool or ucc")
+	cpuprofile := fs.String("cpuprofile", "", "rank 0 writes a pprof CPU profile of the timed loops here")
 	sizes := fs.String("sizes", "8", "message sizes in bytes")
 	threads := fs.Int("threads", 2, "cpupool worker threads")
 	scale := fs.Float64("iters", 1, "scale the iteration counts")
@@ -221,12 +250,23 @@ func benchRank(args []string) error {
 	}
 	o.Threads = *threads
 	ctx := context.Background()
-	pg, err := dispatcher.InitFromEnv(ctx, dispatcher.Config{Backend: cpupool.Name, Timeout: 5 * time.Minute,
+	pg, err := dispatcher.InitFromEnv(ctx, dispatcher.Config{Backend: *be, Timeout: 5 * time.Minute,
 		BackendOptions: map[string]any{cpupool.Name: &o}})
 	if err != nil {
 		return err
 	}
 	defer pg.Close(ctx)
+	if *cpuprofile != "" && pg.Rank() == 0 {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for _, s := range strings.Split(*sizes, ",") {
 		b, err := strconv.Atoi(s)
 		if err != nil {
