@@ -130,7 +130,9 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	_ = ctx
 	w := &work{HostWork: backend.NewHostWork(p.m.Seq, true, nil), b: b, op: p.op, seq: p.m.Seq, timeout: p.m.Timeout,
 		after: p.after, outputs: p.outputs, keep: p.pins}
+	b.posting.Add(1) // a goroutine driving progress in Wait lets this in (drive.go)
 	b.mu.Lock()
+	b.posting.Add(-1)
 	defer b.mu.Unlock()
 	if err := b.usableLocked(p.op, p.m.Seq); err != nil {
 		return nil, err

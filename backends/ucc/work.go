@@ -95,6 +95,9 @@ func (w *work) fail(err error) { w.Complete(nil, err) }
 // fired, and whether the op's own timeout had passed.
 func (w *work) WaitHost(ctx context.Context) error {
 	start := time.Now()
+	if !w.IsCompleted() {
+		w.b.drive(ctx, w)
+	}
 	err := w.HostWork.WaitHost(ctx)
 	var we *backend.WaitError
 	if errors.As(err, &we) && we.Op == "" {
@@ -102,6 +105,15 @@ func (w *work) WaitHost(ctx context.Context) error {
 		we.Waited, we.Elapsed = time.Since(start), time.Since(w.enq)
 	}
 	return err
+}
+
+// Wait implements backend.Work: it progresses UCC itself for a while
+// (drive.go), then blocks until the op completes.
+func (w *work) Wait(ctx context.Context) error {
+	if !w.IsCompleted() {
+		w.b.drive(ctx, w)
+	}
+	return w.HostWork.Wait(ctx)
 }
 
 // BlockStream implements backend.Work: with no stream to order, it blocks
