@@ -3,7 +3,8 @@
 // the gocoll backends reduce in place): warm-up, MPI_Barrier, `iters`
 // blocking MPI_Allreduce calls timed with MPI_Wtime, the mean per call
 // reduced with MAX to rank 0, which prints "BENCH bytes microseconds".
-// Iteration counts follow conftest bench-rank's rule.
+// Iteration counts follow conftest bench-rank's rule. conftest bench
+// embeds this file and compiles it with mpicc; by hand:
 //
 //   mpicc -O2 -o bench-mpi scripts/bench-mpi.c
 //   mpirun --allow-run-as-root --oversubscribe -np 2 ./bench-mpi --sizes 8,1048576 [--iters SCALE]

@@ -21,8 +21,9 @@
 //
 // --thread multiple is the backend's thread mode (its ops are posted by the
 // callers' goroutines and progressed by its own); single is what a
-// one-threaded C program would pick. scripts/ucc-bench.sh compiles it with
-// gcc against the sid root's headers and runs it inside the root.
+// one-threaded C program would pick. conftest bench embeds this file,
+// compiles it with gcc against the sid root's headers (only ucc/ from
+// there) and runs it through --wrap, e.g. scripts/ucc-run.sh, in the root.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
