@@ -22,8 +22,9 @@
 // (ucc_context_progress) while anything is pending and completes the
 // works. UCC has no wake-up file descriptor, so the goroutine spins for
 // Options.PollSpin after the last completion, then sleeps between rounds
-// with a doubling sleep up to Options.MaxPark, and blocks outright when
-// nothing is pending: an idle group costs no CPU (PyTorch's ProcessGroupUCC
+// with a doubling sleep up to Options.MaxPark, naps for 50 ms after the
+// last op and then blocks outright until a submit kicks it (submits do not
+// kick while it naps): an idle group costs no CPU (PyTorch's ProcessGroupUCC
 // polls a core at 100 % for the life of the group). A goroutine blocked in
 // Wait progresses the context itself, as a C program's test loop does, for
 // up to a second (drive.go), and the progress goroutine does not spin
@@ -97,9 +98,13 @@ const remoteErrorKey = "ucc/remote_error"
 const (
 	tickEvery   = 20 * time.Millisecond  // the watchdog's Tick
 	remoteEvery = 200 * time.Millisecond // a read of remoteErrorKey
-	storeBound  = 2 * time.Second        // each store call of the backend
-	abortBound  = time.Second            // Abort's publication to the peers
-	destroyWait = 2 * time.Second        // Close's wait for ucc_team_destroy
+	// idleLinger is how long the progress goroutine naps (Options.MaxPark
+	// at a time) after the last pending op before it blocks outright:
+	// a loop of ops then costs no kick per op, an idle group no CPU.
+	idleLinger  = 50 * time.Millisecond
+	storeBound  = 2 * time.Second // each store call of the backend
+	abortBound  = time.Second     // Abort's publication to the peers
+	destroyWait = 2 * time.Second // Close's wait for ucc_team_destroy
 )
 
 func init() {
@@ -136,6 +141,12 @@ type Backend struct {
 	// driving counts the goroutines progressing UCC from Wait (drive.go);
 	// posting counts the submits waiting for mu, which the drivers let in.
 	driving, posting atomic.Int32
+	// napping is set while the progress goroutine sleeps on a timer:
+	// submits do not kick it then (wake).
+	napping atomic.Bool
+	// npending is len(pending), for the progress goroutine to read
+	// without taking mu while a driver holds it.
+	npending atomic.Int32
 
 	kick chan struct{} // wakes the progress goroutine; capacity 1
 	stop chan struct{} // closed by Close and Abort
@@ -330,7 +341,21 @@ func (b *Backend) usableLocked(op backend.Op, seq uint64) error {
 	return &backend.OpError{Op: op.String(), Seq: seq, Rank: b.cfg.Rank, Backend: Name, Kind: kind, Err: b.stopped}
 }
 
+// wake kicks the progress goroutine when it is blocked for want of work.
+// While it naps on a timer (napping) it is not kicked: it looks again
+// within Options.MaxPark anyway, and a kick per op is a thread wake-up per
+// op, which on a loaded machine costs more than the small op itself and
+// takes a core from the rank the op waits for. A caller that waits drives
+// its op at once (drive.go).
 func (b *Backend) wake() {
+	if b.napping.Load() {
+		return
+	}
+	b.kickNow()
+}
+
+// kickNow kicks the progress goroutine even while it naps.
+func (b *Backend) kickNow() {
 	select {
 	case b.kick <- struct{}{}:
 	default:
@@ -341,29 +366,56 @@ func (b *Backend) wake() {
 // documentation for its spin, back-off and park.
 func (b *Backend) progress() {
 	defer close(b.done)
-	var lastDone, lastTick, lastRemote time.Time
+	var lastDone, lastTick, lastRemote, lastBusy time.Time
 	park := time.Microsecond
-	var timer *time.Timer
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	// nap waits for d, a kick or the stop; it reports false on the stop.
+	nap := func(d time.Duration) (kicked, ok bool) {
+		b.napping.Store(true)
+		defer b.napping.Store(false)
+		timer.Reset(d)
+		select {
+		case <-b.stop:
+			timer.Stop()
+			return false, false
+		case <-b.kick:
+			timer.Stop() // Go ≥ 1.23: no stale tick to drain
+			return true, true
+		case <-timer.C:
+			return false, true
+		}
+	}
 	for {
-		b.mu.Lock()
-		idle := len(b.pending) == 0
-		b.mu.Unlock()
-		if idle {
+		if b.npending.Load() == 0 {
+			if time.Since(lastBusy) < idleLinger {
+				// Ops came lately: nap rather than block, so that the
+				// next submits need not kick.
+				if _, ok := nap(b.opts.MaxPark); !ok {
+					return
+				}
+				continue
+			}
 			select {
 			case <-b.stop:
 				return
 			case <-b.kick:
 			}
-			lastDone, park = time.Now(), time.Microsecond
+			lastBusy, lastDone, park = time.Now(), time.Now(), time.Microsecond
 			continue
 		}
-		b.mu.Lock()
-		C.gu_context_progress(b.ctx)
-		finished := b.reapLocked()
-		b.mu.Unlock()
 		now := time.Now()
-		if finished > 0 {
-			lastDone, park = now, time.Microsecond
+		lastBusy = now
+		if b.driving.Load() == 0 {
+			// A goroutine in Wait progresses UCC itself; a second caller
+			// of ucc_context_progress would only contend for b.mu.
+			b.mu.Lock()
+			C.gu_context_progress(b.ctx)
+			finished := b.reapLocked()
+			b.mu.Unlock()
+			if finished > 0 {
+				lastDone, park = now, time.Microsecond
+			}
 		}
 		if now.Sub(lastTick) >= tickEvery {
 			lastTick = now
@@ -380,21 +432,19 @@ func (b *Backend) progress() {
 		if b.opts.PollSpin >= 0 && now.Sub(lastDone) < b.opts.PollSpin && b.driving.Load() == 0 {
 			continue
 		}
-		if timer == nil {
-			timer = time.NewTimer(park)
-		} else {
-			timer.Reset(park)
+		d := park
+		if b.driving.Load() > 0 {
+			// Only the watchdog needs this goroutine now; a driver that
+			// leaves work behind kicks it (drive.go).
+			d = tickEvery
 		}
-		select {
-		case <-b.stop:
-			timer.Stop()
+		kicked, ok := nap(d)
+		if !ok {
 			return
-		case <-b.kick:
-			if !timer.Stop() {
-				<-timer.C
-			}
+		}
+		if kicked {
 			park = time.Microsecond
-		case <-timer.C:
+		} else {
 			park = min(2*park, b.opts.MaxPark)
 		}
 	}
@@ -414,6 +464,7 @@ func (b *Backend) reapLocked() int {
 	}
 	clear(b.pending[len(live):])
 	b.pending = live
+	b.npending.Store(int32(len(live)))
 	return n
 }
 

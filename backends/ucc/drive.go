@@ -10,6 +10,7 @@ import (
 	"errors"
 	"runtime"
 	"time"
+	"unsafe"
 
 	"github.com/gocoll/gocoll/backend"
 )
@@ -21,6 +22,11 @@ import (
 // Wait on a peer that never comes does not hold a core for the op's whole
 // timeout.
 const waitDrive = time.Second
+
+// driveSpin bounds one gu_drive call, during which the driver holds b.mu
+// and cannot see ctx: short against any deadline, long against the cost
+// of a round trip through Go (a cgo crossing, the lock, the reap).
+const driveSpin = 20 * time.Microsecond
 
 // drive progresses the context from the waiting goroutine until w leaves
 // UCC, ctx ends, waitDrive passes or the backend stops, as the raw
@@ -39,8 +45,18 @@ const waitDrive = time.Second
 // (b.posting), so a driver never starves another goroutine's issue.
 func (b *Backend) drive(ctx context.Context, w *work) {
 	b.driving.Add(1)
-	defer b.driving.Add(-1)
+	defer func() {
+		// The progress goroutine naps while a driver works; wake it if
+		// this driver leaves pending work (its own, on ctx or waitDrive,
+		// or another op's) and no other driver goes on.
+		if b.driving.Add(-1) == 0 && b.npending.Load() > 0 {
+			b.kickNow()
+		}
+	}()
 	start := time.Now()
+	// gu_drive stops when a submit waits for b.mu: it reads b.posting
+	// (an int32 with no Go pointers around it) while it spins.
+	stop := (*C.int32_t)(unsafe.Pointer(&b.posting))
 	for n := 0; !w.IsCompleted(); n++ {
 		if n&63 == 63 && (ctx.Err() != nil || time.Since(start) > waitDrive) {
 			return
@@ -50,7 +66,14 @@ func (b *Backend) drive(ctx context.Context, w *work) {
 			// once nothing is pending; Abort leaves it to the process).
 			live := len(b.pending) > 0 && (b.stopped == nil || errors.Is(b.stopped, backend.ErrClosed))
 			if live {
-				C.gu_context_progress(b.ctx)
+				if len(w.reqs) > 0 {
+					// The C loop of a blocking caller, for up to driveSpin:
+					// progress and test without a cgo crossing per round.
+					C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, C.int64_t(driveSpin))
+					w.noteErr()
+				} else {
+					C.gu_context_progress(b.ctx)
+				}
 				b.reapLocked()
 			}
 			b.mu.Unlock()

@@ -144,16 +144,6 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 		w.pin.Pin(&a[0])
 	}
 	w.reqs = make([]C.uintptr_t, len(p.descs))
-	for i := range p.descs {
-		if err := result("ucc_collective_init", C.gu_coll_init(b.team, &p.descs[i], &w.reqs[i])); err != nil {
-			for _, r := range w.reqs[:i] {
-				C.gu_coll_finalize(r)
-			}
-			w.pin.Unpin()
-			return nil, &backend.OpError{Op: p.op.String(), Seq: p.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err,
-				Detail: fmt.Sprintf("collective %d of %d of the op", i+1, len(p.descs))}
-		}
-	}
 	if p.barrier {
 		for _, o := range b.pending {
 			if !o.IsCompleted() {
@@ -164,16 +154,22 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	w.enq = time.Now()
 	w.MarkStarted()
 	var perr error
-	for i, r := range w.reqs {
-		if err := result("ucc_collective_post", C.gu_coll_post(r)); err != nil {
-			// The ones before are posted and stay, as after a timeout.
-			for _, rest := range w.reqs[i:] {
-				C.gu_coll_finalize(rest)
+	if len(p.descs) > 0 {
+		// Init and post in one crossing (gu_coll_start): an op costs one
+		// cgo call to issue, as a C caller's two library calls do.
+		var at, posting C.int
+		if st := C.gu_coll_start(b.team, &p.descs[0], C.int(len(p.descs)), &w.reqs[0], &at, &posting); st < 0 {
+			if posting == 0 {
+				w.pin.Unpin()
+				err := &Error{Call: "ucc_collective_init", Status: int(st)}
+				return nil, &backend.OpError{Op: p.op.String(), Seq: p.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err,
+					Detail: fmt.Sprintf("collective %d of %d of the op", int(at)+1, len(p.descs))}
 			}
-			w.reqs = w.reqs[:i]
+			// The ones before are posted and stay, as after a timeout.
+			err := &Error{Call: "ucc_collective_post", Status: int(st)}
+			w.reqs = w.reqs[:at]
 			perr = &backend.OpError{Op: p.op.String(), Seq: p.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err}
 			w.fail(perr)
-			break
 		}
 	}
 	if len(w.reqs) == 0 && len(w.deps) == 0 {
@@ -188,6 +184,7 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 		return w, nil
 	}
 	b.pending = append(b.pending, w)
+	b.npending.Store(int32(len(b.pending)))
 	if perr != nil {
 		return nil, perr
 	}

@@ -3,6 +3,8 @@
 
 #include "_cgo_export.h"
 
+#include <time.h>
+
 typedef void *lib_h, *ctx_h, *team_h, *req_h, *cfg_h;
 
 // X(symbol, required, return type, params)
@@ -163,6 +165,82 @@ int gu_coll_post(uintptr_t req) { return p_ucc_collective_post((req_h)req); }
 // ucc_collective_test is inline in ucc.h: the status is the request's first field.
 int gu_coll_test(uintptr_t req) { return *(volatile gu_status *)req; }
 int gu_coll_finalize(uintptr_t req) { return p_ucc_collective_finalize((req_h)req); }
+// gu_coll_start inits the n collectives of d into reqs, then posts them,
+// in order: one cgo crossing per op instead of two per collective. An init
+// that fails finalises the ones before it (nothing is posted): *at is its
+// index, *posting 0. A post that fails finalises it and the ones after it
+// (zeroed; the ones before stay posted): *at is its index, *posting 1.
+int gu_coll_start(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *at, int *posting) {
+	*at = -1;
+	*posting = 0; // failures are negative statuses, as result() in lib.go reads them
+	for (int i = 0; i < n; i++) {
+		gu_status st = gu_coll_init(team, &d[i], &reqs[i]);
+		if (st < 0) {
+			for (int j = 0; j < i; j++) {
+				p_ucc_collective_finalize((req_h)reqs[j]);
+				reqs[j] = 0;
+			}
+			reqs[i] = 0;
+			*at = i;
+			return st;
+		}
+	}
+	*posting = 1;
+	for (int i = 0; i < n; i++) {
+		gu_status st = p_ucc_collective_post((req_h)reqs[i]);
+		if (st < 0) {
+			for (int j = i; j < n; j++) {
+				p_ucc_collective_finalize((req_h)reqs[j]);
+				reqs[j] = 0;
+			}
+			*at = i;
+			return st;
+		}
+	}
+	return GU_OK;
+}
+
+// gu_reap tests the n requests (0: finalised before), finalises the ones
+// UCC has finished and zeroes them, and keeps the first failed status in
+// *err. It returns how many are still in progress.
+int gu_reap(uintptr_t *reqs, int n, int *err) {
+	int busy = 0;
+	for (int i = 0; i < n; i++) {
+		if (!reqs[i]) continue;
+		gu_status st = *(volatile gu_status *)reqs[i];
+		if (st == GU_INPROGRESS || st == GU_OPERATION_INITIALIZED) {
+			busy++;
+			continue;
+		}
+		if (st < 0 && *err == 0) *err = st;
+		p_ucc_collective_finalize((req_h)reqs[i]);
+		reqs[i] = 0;
+	}
+	return busy;
+}
+
+static int64_t gu_now_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// gu_drive is the raw loop of a blocking C caller: progress ctx and reap
+// reqs until none is in progress (it returns 0), *stop turns nonzero (a
+// submit waits for the lock the caller holds) or spin_ns pass; then it
+// returns how many are still in progress. The clock is read every 16
+// rounds.
+int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, int64_t spin_ns) {
+	int64_t end = gu_now_ns() + spin_ns;
+	for (unsigned k = 1;; k++) {
+		int busy = gu_reap(reqs, n, err);
+		if (busy == 0) return 0;
+		if (__atomic_load_n(stop, __ATOMIC_RELAXED) != 0) return busy;
+		if ((k & 15) == 0 && gu_now_ns() > end) return busy;
+		p_ucc_context_progress((ctx_h)ctx);
+	}
+}
+
 int gu_team_destroy(uintptr_t team) { return p_ucc_team_destroy((team_h)team); }
 int gu_context_destroy(uintptr_t ctx) { return p_ucc_context_destroy((ctx_h)ctx); }
 int gu_finalize(uintptr_t lib) { return p_ucc_finalize((lib_h)lib); }

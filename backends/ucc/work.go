@@ -34,6 +34,7 @@ type work struct {
 
 	reqs    []C.uintptr_t // 0 once finalised
 	err     error         // the first request that failed in UCC
+	cerr    C.int         // its status, as gu_reap and gu_drive record it
 	deps    []*work       // a barrier's earlier works
 	after   func()        // on success, before completion: copies, AVG's division
 	outputs []*tensor.Tensor
@@ -45,23 +46,7 @@ type work struct {
 // the work has left UCC (and its barrier dependencies are complete); it
 // then completes the work, unless it failed before. b.mu is held.
 func (w *work) testLocked() bool {
-	busy := false
-	for i, r := range w.reqs {
-		if r == 0 {
-			continue
-		}
-		st := C.gu_coll_test(r)
-		if st == statusInProgress || st == statusInitialized {
-			busy = true
-			continue
-		}
-		if st < 0 && w.err == nil {
-			w.err = &Error{Call: "ucc_collective_test", Status: int(st)}
-		}
-		C.gu_coll_finalize(r)
-		w.reqs[i] = 0
-	}
-	if busy {
+	if w.reap() {
 		return false
 	}
 	for _, d := range w.deps {
@@ -84,6 +69,24 @@ func (w *work) testLocked() bool {
 		}
 	}
 	return true
+}
+
+// reap finalises the requests UCC has finished (one cgo crossing for them
+// all) and reports whether any is still in progress. b.mu is held.
+func (w *work) reap() (busy bool) {
+	if len(w.reqs) == 0 {
+		return false
+	}
+	busy = C.gu_reap(&w.reqs[0], C.int(len(w.reqs)), &w.cerr) > 0
+	w.noteErr()
+	return busy
+}
+
+// noteErr turns the first failed status C recorded into w.err.
+func (w *work) noteErr() {
+	if w.cerr != 0 && w.err == nil {
+		w.err = &Error{Call: "ucc_collective_test", Status: int(w.cerr)}
+	}
 }
 
 // fail completes the work with err, if it has not completed; its requests
