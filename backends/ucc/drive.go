@@ -8,7 +8,6 @@ import "C"
 import (
 	"context"
 	"errors"
-	"runtime"
 	"time"
 	"unsafe"
 
@@ -80,9 +79,6 @@ func (b *Backend) drive(ctx context.Context, w *work) {
 			if !live {
 				return
 			}
-		}
-		if n&15 == 15 {
-			runtime.Gosched() // let a goroutine of this process that waits for a P run
 		}
 	}
 }
