@@ -100,3 +100,14 @@ func getEach(ctx context.Context, get func(context.Context, string) ([]byte, err
 	}
 	return out, nil
 }
+
+// TryGet returns key's value if it is set now, without the wait of Get
+// (which blocks until the key appears): a Check, then a Get. ok is false
+// when the key is missing or either call failed.
+func TryGet(ctx context.Context, s Store, key string) (v []byte, ok bool) {
+	if found, err := s.Check(ctx, key); err != nil || !found {
+		return nil, false
+	}
+	v, err := s.Get(ctx, key)
+	return v, err == nil
+}

@@ -401,3 +401,20 @@ func TestPrefixStoreKeys(t *testing.T) {
 		t.Fatalf("num_keys %d", n)
 	}
 }
+
+// TestTryGet checks that TryGet does not wait for a missing key, as Get
+// would, and returns a set one.
+func TestTryGet(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s := NewHashStore()
+	if v, ok := TryGet(ctx, s, "k"); ok || v != nil {
+		t.Fatalf("missing key: %q, %v", v, ok)
+	}
+	if err := s.Set(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := TryGet(ctx, s, "k"); !ok || string(v) != "v" {
+		t.Fatalf("set key: %q, %v", v, ok)
+	}
+}

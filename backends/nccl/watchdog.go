@@ -16,6 +16,7 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/watch"
+	"github.com/gocoll/gocoll/store"
 )
 
 // remoteErrorKey is the key, in the group's store, under which a rank that
@@ -201,12 +202,8 @@ func (b *Backend) checkRemoteError() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
 	defer cancel()
-	// Check before Get: a Get of a missing key blocks until it appears.
-	if ok, err := b.cfg.Store.Check(ctx, remoteErrorKey); err != nil || !ok {
-		return
-	}
-	v, err := b.cfg.Store.Get(ctx, remoteErrorKey)
-	if err != nil {
+	v, ok := store.TryGet(ctx, b.cfg.Store, remoteErrorKey)
+	if !ok {
 		return
 	}
 	b.mu.Lock()
@@ -223,36 +220,22 @@ func (b *Backend) perform(ctx context.Context, acts []watch.Action[*Work], reaso
 	if len(acts) == 0 {
 		return
 	}
-	type built struct {
-		f *watch.Failure[*Work]
-		e *backend.OpError
-	}
-	var errs []built
-	errOf := func(f *watch.Failure[*Work]) *backend.OpError {
-		for _, x := range errs {
-			if x.f == f {
-				return x.e
-			}
-		}
-		e := b.failureError(f)
-		errs = append(errs, built{f, e})
-		return e
-	}
+	errs := watch.Errors[*Work, *backend.OpError]{Build: b.failureError}
 	for _, a := range acts {
 		switch a.Kind {
 		case watch.Dump:
-			e := errOf(a.Failure)
+			e := errs.Of(a.Failure)
 			if path := b.cfg.DumpAll(e.Error()); path != "" {
 				e.Detail += "; flight recorder dump: " + path
 			}
 		case watch.Fail:
-			a.Failure.Work.fail(errOf(a.Failure))
+			a.Failure.Work.fail(errs.Of(a.Failure))
 		case watch.Signal:
-			b.publishRemoteError(errOf(a.Failure))
+			b.publishRemoteError(errs.Of(a.Failure))
 		case watch.Abort:
 			cause := reason
 			if a.Failure != nil {
-				cause = errOf(a.Failure)
+				cause = errs.Of(a.Failure)
 			}
 			b.abortErr.CompareAndSwap(nil, &cause)
 			if a.Background {
@@ -264,7 +247,7 @@ func (b *Backend) perform(ctx context.Context, acts []watch.Action[*Work], reaso
 			}
 		case watch.Fatal:
 			slog.Error("gocoll nccl: fatal: ending the process", "rank", b.rank, "group", b.cfg.GroupDesc,
-				"policy", b.opts.ErrorPolicy.String(), "err", errOf(a.Failure))
+				"policy", b.opts.ErrorPolicy.String(), "err", errs.Of(a.Failure))
 		case watch.Exit:
 			if a.Grace > 0 {
 				b.edge.sleep(a.Grace)

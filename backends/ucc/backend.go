@@ -83,6 +83,7 @@ import (
 	"github.com/gocoll/gocoll/internal/knob"
 	"github.com/gocoll/gocoll/internal/stage/cudastage"
 	"github.com/gocoll/gocoll/internal/watch"
+	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -479,11 +480,8 @@ func (b *Backend) checkRemote() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeBound)
 	defer cancel()
-	if ok, err := b.cfg.Store.Check(ctx, remoteErrorKey); err != nil || !ok {
-		return
-	}
-	v, err := b.cfg.Store.Get(ctx, remoteErrorKey)
-	if err != nil {
+	v, ok := store.TryGet(ctx, b.cfg.Store, remoteErrorKey)
+	if !ok {
 		return
 	}
 	b.mu.Lock()
@@ -495,30 +493,16 @@ func (b *Backend) checkRemote() {
 // perform carries out the watchdog's actions. The policy is NoHandling, so
 // they are dumps and fails; a user's Abort does its own work.
 func (b *Backend) perform(acts []watch.Action[*work]) {
-	type built struct {
-		f *watch.Failure[*work]
-		e *backend.OpError
-	}
-	var errs []built
-	errOf := func(f *watch.Failure[*work]) *backend.OpError {
-		for _, x := range errs {
-			if x.f == f {
-				return x.e
-			}
-		}
-		e := b.failureError(f)
-		errs = append(errs, built{f, e})
-		return e
-	}
+	errs := watch.Errors[*work, *backend.OpError]{Build: b.failureError}
 	for _, a := range acts {
 		switch a.Kind {
 		case watch.Dump:
-			e := errOf(a.Failure)
+			e := errs.Of(a.Failure)
 			if path := b.cfg.DumpAll(e.Error()); path != "" {
 				e.Detail += "; flight recorder dump: " + path
 			}
 		case watch.Fail:
-			a.Failure.Work.fail(errOf(a.Failure))
+			a.Failure.Work.fail(errs.Of(a.Failure))
 		}
 	}
 }

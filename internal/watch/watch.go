@@ -219,3 +219,30 @@ func (a Action[W]) String() string {
 	}
 	return fmt.Sprintf("%v(%v)", a.Kind, a.Failure)
 }
+
+// Errors builds the error of each failure once, however many actions name
+// it: a failure's Dump comes before its Fail, and both must hold the same
+// error, so that the dump path added to it is there before any waiter
+// sees it. Drivers keep one per batch of actions.
+type Errors[W comparable, E any] struct {
+	// Build makes the error of a failure.
+	Build func(*Failure[W]) E
+	built []errorOf[W, E]
+}
+
+type errorOf[W comparable, E any] struct {
+	f *Failure[W]
+	e E
+}
+
+// Of returns f's error, building it on first use.
+func (m *Errors[W, E]) Of(f *Failure[W]) E {
+	for _, x := range m.built {
+		if x.f == f {
+			return x.e
+		}
+	}
+	e := m.Build(f)
+	m.built = append(m.built, errorOf[W, E]{f, e})
+	return e
+}
