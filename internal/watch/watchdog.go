@@ -37,8 +37,8 @@ type entry[W comparable] struct {
 	comm    string
 	enq     time.Time
 	timeout time.Duration
-	failed  bool // the unit failed it; it stays until Done
-	done    bool // Done was called: a hole until the next compaction
+	failed  bool // the unit failed it; it stays until retired
+	done    bool // retired: a hole until the next compaction
 }
 
 // Watchdog is the failure policy of one backend instance: it holds the
@@ -50,10 +50,10 @@ type Watchdog[W comparable] struct {
 	cfg Config
 	// pending is in enqueue order. There is no index by work: Enqueue is
 	// on every op's hot path, where a map insert costs more than the
-	// append; lookups (Done, a blocking waiter's check, Report) scan, and
+	// append; lookups (a blocking waiter's check, Report) scan, and
 	// the driver retires finished works in bulk with Retire.
 	pending []entry[W]
-	gone    int // Done entries still in pending (compacted at Tick)
+	gone    int // retired entries still in pending (compacted at Tick)
 
 	dumped     bool   // a Dump action was issued
 	signalled  bool   // a Signal action was issued
@@ -76,30 +76,15 @@ func (u *Watchdog[W]) Enqueue(w W, comm string, enq time.Time, timeout time.Dura
 	u.pending = append(u.pending, entry[W]{w: w, comm: comm, enq: enq, timeout: timeout})
 }
 
-// Done drops a work that has finished (completed, or failed by anyone).
-// Unknown works are ignored.
-func (u *Watchdog[W]) Done(w W) {
-	i, ok := u.find(w)
-	if !ok {
-		return
-	}
-	u.drop(i)
-}
-
-// Retire drops every pending work for which finished reports true, in one
-// pass: the driver's way to hand back what it found complete.
+// Retire drops every pending work for which finished reports true
+// (completed, or failed by anyone), in one pass: the driver's way to hand
+// back what it found finished.
 func (u *Watchdog[W]) Retire(finished func(W) bool) {
 	for i := range u.pending {
 		if !u.pending[i].done && finished(u.pending[i].w) {
 			u.hole(i)
 		}
 	}
-	u.maybeCompact()
-}
-
-// drop turns pending[i] into a hole, compacting when holes dominate.
-func (u *Watchdog[W]) drop(i int) {
-	u.hole(i)
 	u.maybeCompact()
 }
 
@@ -124,7 +109,7 @@ func (u *Watchdog[W]) find(w W) (int, bool) {
 	return 0, false
 }
 
-// compact removes the holes Done left.
+// compact removes the holes Retire left.
 func (u *Watchdog[W]) compact() {
 	if u.gone == 0 {
 		return

@@ -97,9 +97,7 @@ func TestPolicyByEvent(t *testing.T) {
 			name: "completion before the timeout",
 			steps: []step{{
 				feed: func(u *Watchdog[string]) []Action[string] {
-					u.Done("w1")
-					u.Done("w2")
-					u.Done("nobody") // unknown works are ignored
+					u.Retire(func(w string) bool { return w == "w1" || w == "w2" || w == "nobody" }) // unknown works are ignored
 					return u.Tick(at(1500 * time.Millisecond))
 				},
 				want: func(Policy) []string { return nil },
@@ -295,24 +293,20 @@ func TestReportHostTimeouts(t *testing.T) {
 	}
 }
 
-// Many works, completed out of order, leave no trace: Done compacts, and
-// the order of the rest is kept.
-func TestDoneCompacts(t *testing.T) {
+// Many works, completed out of order, leave no trace: Retire compacts,
+// and the order of the rest is kept.
+func TestRetireCompacts(t *testing.T) {
 	u := NewWatchdog[int](Config{})
 	for i := range 1000 {
 		u.Enqueue(i, "c", t0, time.Hour)
 	}
-	for i := 0; i < 1000; i += 2 {
-		u.Done(i)
-	}
+	u.Retire(func(i int) bool { return i%2 == 0 })
 	u.Tick(t0)
 	got := u.AppendPending(nil)
 	if len(got) != 500 || u.Len() != 500 || got[0] != 1 || got[499] != 999 || len(u.pending) != 500 {
 		t.Fatalf("len %d (%d in the slice), first %d, last %d", len(got), len(u.pending), got[0], got[len(got)-1])
 	}
-	for _, w := range got {
-		u.Done(w)
-	}
+	u.Retire(func(int) bool { return true })
 	if u.Len() != 0 || len(u.AppendPending(nil)) != 0 {
 		t.Fatal("not empty")
 	}
