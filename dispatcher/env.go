@@ -2,11 +2,13 @@ package dispatcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
@@ -14,57 +16,144 @@ import (
 	"github.com/gocoll/gocoll/store"
 )
 
-// Env is what InitFromEnv reads: torchrun's variables.
+// Env is what InitFromEnv reads: the variables torchrun's agent gives each
+// worker (torch.distributed.elastic's LocalElasticAgent), which c10d and
+// torch programs read.
 type Env struct {
-	Rank, WorldSize, LocalRank int
-	MasterAddr                 string
-	MasterPort                 int
+	// Rank and WorldSize are RANK and WORLD_SIZE: the global rank, in
+	// [0, WorldSize).
+	Rank, WorldSize int
+	// LocalRank and LocalWorldSize are LOCAL_RANK (default Rank) and
+	// LOCAL_WORLD_SIZE (default WorldSize): the rank among the workers of
+	// this node, which picks its GPU, and their number.
+	LocalRank, LocalWorldSize int
+	// GroupRank and GroupWorldSize are GROUP_RANK (default 0) and
+	// GROUP_WORLD_SIZE (default 1): this node's rank among the nodes.
+	GroupRank, GroupWorldSize int
+	// RoleName, RoleRank and RoleWorldSize are ROLE_NAME, ROLE_RANK
+	// (default Rank) and ROLE_WORLD_SIZE (default WorldSize).
+	RoleName                string
+	RoleRank, RoleWorldSize int
+	// MasterAddr and MasterPort are MASTER_ADDR and MASTER_PORT: where the
+	// TCPStore is, hosted by rank 0 or, with UseAgentStore, by the agent.
+	MasterAddr string
+	MasterPort int
+	// RunID is TORCHELASTIC_RUN_ID, the rendezvous id ("none" for
+	// torchrun's static rendezvous without --rdzv-id).
+	RunID string
+	// RestartCount and MaxRestarts are TORCHELASTIC_RESTART_COUNT and
+	// TORCHELASTIC_MAX_RESTARTS (default 0).
+	RestartCount, MaxRestarts int
+	// UseAgentStore is TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent
+	// already hosts the TCPStore on MASTER_ADDR:MASTER_PORT, so every rank,
+	// rank 0 included, connects to it as a client, under the key prefix
+	// AgentStorePrefix(RestartCount), as torch does.
+	UseAgentStore bool
 }
 
-// ReadEnv reads RANK, WORLD_SIZE, LOCAL_RANK (default: RANK), MASTER_ADDR
-// and MASTER_PORT, as torchrun sets them. Missing or malformed variables
-// are named in the error.
-func ReadEnv() (Env, error) {
+// AgentStorePrefix is the key prefix of the workers' store inside
+// torchrun's agent store for restart attempt n: "/worker/attempt_<n>",
+// torch.distributed.rendezvous's, so that the keys of gocoll and torch
+// workers of one job never mix with the agent's own or an earlier
+// attempt's.
+func AgentStorePrefix(n int) string { return "/worker/attempt_" + strconv.Itoa(n) }
+
+// ReadEnv reads torchrun's variables (see Env) from the process
+// environment and checks them: a missing or malformed variable, or a rank
+// outside its range, is an error naming the variable and its value, so a
+// bad launch fails before it connects anywhere.
+func ReadEnv() (Env, error) { return readEnv(knob.OS) }
+
+func readEnv(env knob.Env) (Env, error) {
 	var e Env
 	var err error
-	geti := func(name string, dst *int) {
+	bad := func(format string, args ...any) {
+		if err == nil {
+			err = fmt.Errorf("dispatcher: %w: "+format, append([]any{backend.ErrInvalidArgument}, args...)...)
+		}
+	}
+	geti := func(name string, dst *int, def int, required bool) {
 		if err != nil {
 			return
 		}
-		v, ok := os.LookupEnv(name)
-		if !ok {
-			err = fmt.Errorf("dispatcher: %w: environment variable %s expected, but not set", backend.ErrInvalidArgument, name)
+		v, ok := env(name)
+		if !ok || v == "" {
+			if required {
+				bad("environment variable %s expected, but not set", name)
+			}
+			*dst = def
 			return
 		}
 		n, perr := strconv.Atoi(v)
 		if perr != nil {
-			err = fmt.Errorf("dispatcher: %w: %s=%q is not an integer", backend.ErrInvalidArgument, name, v)
+			bad("%s=%q is not an integer", name, v)
 			return
 		}
 		*dst = n
 	}
-	geti("RANK", &e.Rank)
-	geti("WORLD_SIZE", &e.WorldSize)
-	geti("MASTER_PORT", &e.MasterPort)
+	within := func(name string, v int, lo int, hiName string, hi int) {
+		if err == nil && (v < lo || v >= hi) {
+			bad("%s=%d is outside [%d, %s=%d)", name, v, lo, hiName, hi)
+		}
+	}
+	geti("RANK", &e.Rank, 0, true)
+	geti("WORLD_SIZE", &e.WorldSize, 0, true)
+	geti("MASTER_PORT", &e.MasterPort, 0, true)
+	if err == nil && e.WorldSize < 1 {
+		bad("WORLD_SIZE=%d must be at least 1", e.WorldSize)
+	}
+	within("RANK", e.Rank, 0, "WORLD_SIZE", e.WorldSize)
+	if err == nil && (e.MasterPort < 1 || e.MasterPort > 65535) {
+		bad("MASTER_PORT=%d is not a TCP port (1 to 65535)", e.MasterPort)
+	}
+	geti("LOCAL_WORLD_SIZE", &e.LocalWorldSize, e.WorldSize, false)
+	geti("LOCAL_RANK", &e.LocalRank, e.Rank, false)
+	within("LOCAL_RANK", e.LocalRank, 0, "LOCAL_WORLD_SIZE", e.LocalWorldSize)
+	geti("GROUP_WORLD_SIZE", &e.GroupWorldSize, 1, false)
+	geti("GROUP_RANK", &e.GroupRank, 0, false)
+	within("GROUP_RANK", e.GroupRank, 0, "GROUP_WORLD_SIZE", e.GroupWorldSize)
+	geti("ROLE_WORLD_SIZE", &e.RoleWorldSize, e.WorldSize, false)
+	geti("ROLE_RANK", &e.RoleRank, e.Rank, false)
+	within("ROLE_RANK", e.RoleRank, 0, "ROLE_WORLD_SIZE", e.RoleWorldSize)
+	geti("TORCHELASTIC_RESTART_COUNT", &e.RestartCount, 0, false)
+	geti("TORCHELASTIC_MAX_RESTARTS", &e.MaxRestarts, 0, false)
+	if err == nil && e.RestartCount < 0 {
+		bad("TORCHELASTIC_RESTART_COUNT=%d is negative", e.RestartCount)
+	}
+	if err == nil && e.MaxRestarts < 0 {
+		bad("TORCHELASTIC_MAX_RESTARTS=%d is negative", e.MaxRestarts)
+	}
+	e.RoleName, _ = env("ROLE_NAME")
+	e.RunID, _ = env("TORCHELASTIC_RUN_ID")
+	if v, ok := env("TORCHELASTIC_USE_AGENT_STORE"); ok && v != "" {
+		// torch compares with str(True); the agent writes "True" or "False".
+		switch v {
+		case "True", "true", "1":
+			e.UseAgentStore = true
+		case "False", "false", "0":
+		default:
+			bad(`TORCHELASTIC_USE_AGENT_STORE=%q: want "True" or "False"`, v)
+		}
+	}
 	if err != nil {
 		return e, err
 	}
-	e.LocalRank = e.Rank
-	if _, ok := os.LookupEnv("LOCAL_RANK"); ok {
-		geti("LOCAL_RANK", &e.LocalRank)
-	}
-	e.MasterAddr = os.Getenv("MASTER_ADDR")
+	e.MasterAddr, _ = env("MASTER_ADDR")
 	if e.MasterAddr == "" {
-		return e, fmt.Errorf("dispatcher: %w: environment variable MASTER_ADDR expected, but not set", backend.ErrInvalidArgument)
+		bad("environment variable MASTER_ADDR expected, but not set")
 	}
 	return e, err
 }
 
 // InitFromEnv starts a rank the way torchrun starts a torch rank: it reads
-// the environment (ReadEnv), makes rank 0 host a TCPStore server on
-// MASTER_ADDR:MASTER_PORT, connects every rank to it as a client, and calls
-// Init with cfg's other fields. cfg.Store, Rank and WorldSize are set here.
-// Closing the group closes that store (and, on rank 0, its server).
+// and checks the environment (ReadEnv) and cfg's knobs, resolves
+// MASTER_ADDR, then connects to the TCPStore on MASTER_ADDR:MASTER_PORT
+// and calls Init with cfg's other fields. The store is torchrun's agent's
+// when TORCHELASTIC_USE_AGENT_STORE=True (every rank is a client, its keys
+// under AgentStorePrefix); otherwise rank 0 hosts it. cfg.Store, Rank and
+// WorldSize are set here, and cfg.RunID, when empty, from
+// TORCHELASTIC_RUN_ID. Closing the group closes that store (and, on a rank
+// 0 that hosts it, its server).
 func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	env, err := ReadEnv()
 	if err != nil {
@@ -75,15 +164,33 @@ func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	if cfg, err = resolveConfig(cfg, knob.OS); err != nil {
 		return nil, err
 	}
+	if err := resolveMaster(ctx, env.MasterAddr, cfg.Timeout); err != nil {
+		return nil, err
+	}
 	addr := net.JoinHostPort(env.MasterAddr, strconv.Itoa(env.MasterPort))
-	st, err := store.NewTCPStore(ctx, addr, store.TCPStoreOptions{
-		IsMaster:      env.Rank == 0,
-		ClientOptions: store.ClientOptions{Timeout: cfg.Timeout, WorldSize: env.WorldSize},
-	})
+	copts := store.ClientOptions{Timeout: cfg.Timeout, WorldSize: env.WorldSize}
+	var st *store.TCPStore
+	if env.UseAgentStore {
+		st, err = store.DialTCPStore(ctx, addr, copts)
+	} else {
+		st, err = store.NewTCPStore(ctx, addr, store.TCPStoreOptions{IsMaster: env.Rank == 0, ClientOptions: copts})
+	}
 	if err != nil {
-		return nil, fmt.Errorf("dispatcher: rendezvous at %s: %w", addr, err)
+		if env.Rank == 0 && !env.UseAgentStore && errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("dispatcher: rank 0 hosts the store on MASTER_PORT=%d, but the port is taken (under torchrun, whose agent hosts a store there, TORCHELASTIC_USE_AGENT_STORE=True says to use it): %w", env.MasterPort, err)
+		}
+		return nil, fmt.Errorf("dispatcher: rendezvous at %s (RANK=%d): %w", addr, env.Rank, err)
 	}
 	cfg.Store, cfg.Rank, cfg.WorldSize = st, env.Rank, env.WorldSize
+	if env.UseAgentStore {
+		if cfg.Store, err = store.NewPrefixStore(AgentStorePrefix(env.RestartCount), st); err != nil {
+			st.Close()
+			return nil, fmt.Errorf("dispatcher: %w", err)
+		}
+	}
+	if cfg.RunID == "" {
+		cfg.RunID = envRunID(env)
+	}
 	pg, err := Init(ctx, cfg)
 	if err != nil {
 		st.Close()
@@ -91,6 +198,51 @@ func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	}
 	pg.ownedStore = st
 	return pg, nil
+}
+
+// envRunID is the run id of torchrun's variables: TORCHELASTIC_RUN_ID, with
+// the restart attempt when there was one (each attempt is a job of its
+// own to the flight recorder's analyzer). torchrun's static default,
+// "none", names no run.
+func envRunID(env Env) string {
+	if env.RunID == "" || env.RunID == "none" {
+		return ""
+	}
+	if env.RestartCount > 0 {
+		return env.RunID + "/attempt_" + strconv.Itoa(env.RestartCount)
+	}
+	return env.RunID
+}
+
+// resolveMaster checks that MASTER_ADDR resolves, before any rank waits on
+// it: a name the resolver says does not exist fails at once, and one whose
+// look-ups fail otherwise (a resolver that is not up yet) is retried until
+// timeout, then fails naming it.
+func resolveMaster(ctx context.Context, host string, timeout time.Duration) error {
+	if net.ParseIP(host) != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	delay := 100 * time.Millisecond
+	for {
+		_, err := net.DefaultResolver.LookupHost(ctx, host)
+		if err == nil {
+			return nil
+		}
+		var dnsErr *net.DNSError
+		if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+			return fmt.Errorf("dispatcher: %w: MASTER_ADDR=%q does not resolve: %w", backend.ErrInvalidArgument, host, err)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("dispatcher: %w: MASTER_ADDR=%q did not resolve within %v: %w", backend.ErrUnavailable, host, timeout, err)
+		case <-t.C:
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
 }
 
 // vars are the names of one dispatcher variable: GOCOLL_<name>, then its

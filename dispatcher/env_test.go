@@ -161,7 +161,20 @@ func TestREADMEListsVariables(t *testing.T) {
 	if len(read) != 14 {
 		t.Fatalf("%d variables read, want 14: %v", len(read), read)
 	}
-	for _, n := range append(read, "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") {
+	var torchrun []string
+	if _, err := readEnv(func(n string) (string, bool) {
+		torchrun = append(torchrun, n)
+		if strings.HasSuffix(n, "SIZE") || n == "MASTER_PORT" {
+			return "1", true
+		}
+		return "0", true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(torchrun) != 15 {
+		t.Fatalf("%d torchrun variables read, want 15: %v", len(torchrun), torchrun)
+	}
+	for _, n := range append(read, torchrun...) {
 		if !strings.Contains(string(readme), "`"+n+"`") {
 			t.Errorf("README.md does not list `%s`", n)
 		}

@@ -67,6 +67,8 @@ type FlightRecorder struct {
 	pending int         // entries whose work is not yet retired
 	dumps   watch.Dumps // when to dump, other than on demand
 	ndumps  int         // dumps written
+	runID   string      // the job: Config.RunID and the default group's uid
+	pgUID   string
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -161,7 +163,7 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 		fr.pending++
 	}
 	fr.mu.Unlock()
-	if err != nil && !errors.Is(err, backend.ErrInvalidArgument) {
+	if err != nil && isFault(err) {
 		fr.onError(err)
 	}
 }
@@ -263,10 +265,19 @@ func (fr *FlightRecorder) poll() {
 		if idle {
 			continue
 		}
-		if err := fr.refresh(); err != nil {
+		if err := fr.refresh(); err != nil && isFault(err) {
 			fr.onError(err)
 		}
 	}
+}
+
+// isFault reports whether an op's error is a fault worth a dump (a
+// timeout, a remote error, an abort, …) rather than the caller's: an op
+// refused for its arguments or as unsupported tells nothing the error does
+// not already say, and a dump per refused call would litter the dump
+// directory with files that analyze then reads as a failed job.
+func isFault(err error) bool {
+	return !errors.Is(err, backend.ErrInvalidArgument) && !errors.Is(err, backend.ErrUnsupported)
 }
 
 // onError dumps once, on the first failed op, unless turned off.
@@ -343,9 +354,11 @@ func (fr *FlightRecorder) Snapshot(reason string) frtrace.Dump {
 	fr.refresh()
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
-	d := frtrace.Dump{Version: frtrace.Version, CommLibVersion: "gocoll", Rank: fr.rank, WorldSize: fr.size,
+	d := frtrace.Dump{Version: frtrace.Version, CommLibVersion: frtrace.Producer, Rank: fr.rank, WorldSize: fr.size,
 		PGConfig: map[string]frtrace.PGConfig{}, PGStatus: map[string]frtrace.PGStatus{}, DumpReason: reason,
-		DumpTimeNs: time.Now().UnixNano()}
+		RunID: fr.runID, PGUID: fr.pgUID}
+	now := time.Now()
+	d.DumpTimeNs, d.DumpTime = now.UnixNano(), now.UTC().Format(time.RFC3339Nano)
 	for k, v := range fr.groups {
 		d.PGConfig[k] = v
 	}

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -336,5 +337,65 @@ func TestCloseWhileMonitorRuns(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("Close deadlocked with the heartbeat monitor")
 		}
+	}
+}
+
+// TestRefusedOpsWriteNoDump: an op refused for its arguments or as
+// unsupported is the caller's error: it is recorded, with its error, but
+// writes no dump; a backend's failure still does. Every dump carries the
+// job (run id, the default group's uid, the same on every rank) and its
+// time.
+func TestRefusedOpsWriteNoDump(t *testing.T) {
+	dir := t.TempDir()
+	pgs := initGroups(t, 2, Config{Backend: "reccpu", Timeout: 5 * time.Second, RunID: "job-7",
+		FlightRecorder: FlightRecorderOptions{DumpPrefix: filepath.Join(dir, "trace_")}})
+	ctx := context.Background()
+	x := tensor.New(tensor.Float32, 4)
+	// reccpu does not implement scatter (backend.Unimplemented).
+	_, err := pgs[0].Scatter(ctx, []*tensor.Tensor{x}, nil, backend.ScatterOptions{RootRank: 1})
+	if !errors.Is(err, backend.ErrUnsupported) {
+		t.Fatalf("scatter on reccpu: %v, want ErrUnsupported", err)
+	}
+	// Invalid: a broadcast root outside the group.
+	if _, err := pgs[0].Broadcast(ctx, []*tensor.Tensor{x}, backend.BroadcastOptions{RootRank: 9}); !errors.Is(err, backend.ErrInvalidArgument) {
+		t.Fatalf("broadcast from rank 9: %v, want ErrInvalidArgument", err)
+	}
+	time.Sleep(300 * time.Millisecond) // three polls of the recorder
+	if n := pgs[0].FlightRecorder().Dumps(); n != 0 {
+		t.Fatalf("%d dumps after refused ops, want none", n)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "trace_0")); !os.IsNotExist(err) {
+		t.Fatalf("dump file after refused ops: %v", err)
+	}
+	if _, err := pgs[0].ReduceScatterTensor(ctx, tensor.New(tensor.Float32, 2), x, backend.ReduceScatterTensorOptions{}); errors.Is(err, backend.ErrInvalidArgument) || err == nil {
+		t.Fatalf("reduce_scatter_tensor: %v, want the backend's error", err)
+	}
+	d0 := readDump(t, filepath.Join(dir, "trace_0"))
+	if !strings.HasPrefix(d0.DumpReason, "error: ") || !strings.Contains(d0.DumpReason, "plain error") {
+		t.Fatalf("dump reason %q", d0.DumpReason)
+	}
+	var errs int
+	for _, e := range d0.Entries {
+		if e.Error != "" {
+			errs++
+		}
+	}
+	if errs != 2 && errs != 3 {
+		t.Fatalf("%d entries with an error, want the refused ones and the failed one: %+v", errs, d0.Entries)
+	}
+	if _, err := pgs[1].FlightRecorder().Dump("test"); err != nil {
+		t.Fatal(err)
+	}
+	d1 := readDump(t, filepath.Join(dir, "trace_1"))
+	if d0.RunID != "job-7" || len(d0.PGUID) != 16 || d0.JobID() != d1.JobID() || d0.CommLibVersion != frtrace.Producer {
+		t.Fatalf("job ids: rank 0 %q (%s), rank 1 %q", d0.JobID(), d0.CommLibVersion, d1.JobID())
+	}
+	if ts, err := time.Parse(time.RFC3339Nano, d0.DumpTime); err != nil || ts.UnixNano() != d0.DumpTimeNs {
+		t.Fatalf("dump_time %q (%v) vs dump_time_ns %d", d0.DumpTime, err, d0.DumpTimeNs)
+	}
+	// Another Init on a new store is another job, whatever the run id.
+	other := initGroups(t, 1, Config{Backend: "reccpu", RunID: "job-7", FlightRecorder: FlightRecorderOptions{DumpPrefix: filepath.Join(dir, "other_")}})
+	if d := other[0].FlightRecorder().Snapshot("test"); d.JobID() == d0.JobID() {
+		t.Fatalf("two Inits share job id %q", d.JobID())
 	}
 }

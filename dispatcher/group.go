@@ -71,6 +71,11 @@ type Config struct {
 	// GOCOLL_DEBUG_INFO_PIPE_FILE and GOCOLL_DUMP_ON_TIMEOUT variables (or
 	// their TORCH_NCCL_ names) stand in for its zero fields.
 	FlightRecorder FlightRecorderOptions
+	// RunID names the run in flight-recorder dumps, with the default
+	// group's uid (which rank 0 draws at Init), so that `conftest fr
+	// analyze` tells one job's dumps from another's. InitFromEnv sets it
+	// from TORCHELASTIC_RUN_ID when empty.
+	RunID string
 	// Monitor configures the heartbeat monitor, on by default; the
 	// GOCOLL_ENABLE_MONITORING, GOCOLL_HEARTBEAT_TIMEOUT_SEC and
 	// GOCOLL_COORD_CHECK_MILSEC variables (or their TORCH_NCCL_ names)
@@ -162,6 +167,7 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	if !mono.Disable {
 		pg.monitor = startMonitor(pg, mono)
 	}
+	pg.publishUID(ctx)
 	if !cfg.SkipInitBarrier {
 		if err := pg.storeBarrier(ctx, "init", cfg.Timeout); err != nil {
 			pg.Abort(ctx, err)
@@ -169,6 +175,7 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 			return nil, err
 		}
 	}
+	pg.learnUID(ctx, !cfg.SkipInitBarrier)
 	return pg, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Mismatch kinds, named as PyTorch's analyzer names its match states.
@@ -45,30 +46,143 @@ type Report struct {
 	Mismatch *Mismatch // nil when every collective matched
 }
 
-// Load reads every JSON flight-recorder dump in dir (files that do not
-// parse as a dump are skipped, so the dump directory may hold other files).
+// Job is one job's dumps, as LoadJobs groups them.
+type Job struct {
+	// ID is the job id of its dumps (Dump.JobID).
+	ID string
+	// Dumps holds one dump per rank, the newest where a rank has several.
+	Dumps []Dump
+	// Files are the dumps' file names, in the order of Dumps.
+	Files []string
+	// Duplicates maps a rank that has more than one dump in the job to
+	// the files of the older ones, which are left out.
+	Duplicates map[int][]string
+	// Newest is the latest dump time of the job.
+	Newest time.Time
+}
+
+// Ranks returns the ranks of the job's dumps, in order.
+func (j *Job) Ranks() []int {
+	rs := make([]int, len(j.Dumps))
+	for i, d := range j.Dumps {
+		rs[i] = d.Rank
+	}
+	return rs
+}
+
+// Loaded is what LoadJobs found in a directory.
+type Loaded struct {
+	// Jobs are gocoll dumps grouped by job, the newest job first.
+	Jobs []Job
+	// Skipped counts the files that are not gocoll flight-recorder dumps
+	// (other files, PyTorch's or other programs' JSON).
+	Skipped int
+}
+
+// LoadJobs reads the gocoll flight-recorder dumps in dir and groups them by
+// job (run id and default group uid), so that a directory such as /tmp,
+// holding other files and older runs' dumps, still yields one job to
+// analyze. A file is a gocoll dump when it parses as a dump whose
+// comm_lib_version is Producer.
+func LoadJobs(dir string) (Loaded, error) {
+	var out Loaded
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return out, fmt.Errorf("frtrace: %w", err)
+	}
+	byID := map[string]*Job{}
+	var order []string
+	for _, de := range ents {
+		if !de.Type().IsRegular() {
+			continue
+		}
+		name := filepath.Join(dir, de.Name())
+		d, ok := readDump(name)
+		if !ok {
+			out.Skipped++
+			continue
+		}
+		id := d.JobID()
+		j := byID[id]
+		if j == nil {
+			j = &Job{ID: id, Duplicates: map[int][]string{}}
+			byID[id] = j
+			order = append(order, id)
+		}
+		j.add(d, name)
+	}
+	for _, id := range order {
+		j := byID[id]
+		sort.Sort(byRank{j})
+		out.Jobs = append(out.Jobs, *j)
+	}
+	sort.SliceStable(out.Jobs, func(a, b int) bool { return out.Jobs[a].Newest.After(out.Jobs[b].Newest) })
+	if len(out.Jobs) == 0 {
+		return out, fmt.Errorf("frtrace: no gocoll flight-recorder dumps in %s (%d other files)", dir, out.Skipped)
+	}
+	return out, nil
+}
+
+// readDump reads one file as a gocoll dump. Files too large to be a dump
+// of the default ring buffer are not read whole.
+func readDump(path string) (Dump, bool) {
+	var d Dump
+	f, err := os.Open(path)
+	if err != nil {
+		return d, false
+	}
+	defer f.Close()
+	var head [1]byte
+	if n, _ := f.Read(head[:]); n == 0 || head[0] != '{' {
+		return d, false // not JSON: skip without reading it all
+	}
+	if _, err := f.Seek(0, 0); err != nil {
+		return d, false
+	}
+	if json.NewDecoder(f).Decode(&d) != nil || d.Version == "" || d.PGConfig == nil || d.CommLibVersion != Producer {
+		return d, false
+	}
+	return d, true
+}
+
+// add puts d into the job, keeping the newest dump of each rank.
+func (j *Job) add(d Dump, file string) {
+	t := time.Unix(0, d.DumpTimeNs)
+	if t.After(j.Newest) {
+		j.Newest = t
+	}
+	for i := range j.Dumps {
+		if j.Dumps[i].Rank != d.Rank {
+			continue
+		}
+		if d.DumpTimeNs > j.Dumps[i].DumpTimeNs {
+			j.Duplicates[d.Rank] = append(j.Duplicates[d.Rank], j.Files[i])
+			j.Dumps[i], j.Files[i] = d, file
+		} else {
+			j.Duplicates[d.Rank] = append(j.Duplicates[d.Rank], file)
+		}
+		return
+	}
+	j.Dumps = append(j.Dumps, d)
+	j.Files = append(j.Files, file)
+}
+
+type byRank struct{ j *Job }
+
+func (b byRank) Len() int           { return len(b.j.Dumps) }
+func (b byRank) Less(x, y int) bool { return b.j.Dumps[x].Rank < b.j.Dumps[y].Rank }
+func (b byRank) Swap(x, y int) {
+	b.j.Dumps[x], b.j.Dumps[y] = b.j.Dumps[y], b.j.Dumps[x]
+	b.j.Files[x], b.j.Files[y] = b.j.Files[y], b.j.Files[x]
+}
+
+// Load returns the dumps of the newest job in dir (see LoadJobs).
 func Load(dir string) ([]Dump, error) {
-	names, err := filepath.Glob(filepath.Join(dir, "*"))
+	l, err := LoadJobs(dir)
 	if err != nil {
 		return nil, err
 	}
-	sort.Strings(names)
-	var dumps []Dump
-	for _, n := range names {
-		data, err := os.ReadFile(n)
-		if err != nil {
-			continue
-		}
-		var d Dump
-		if json.Unmarshal(data, &d) != nil || d.Version == "" || d.PGConfig == nil {
-			continue
-		}
-		dumps = append(dumps, d)
-	}
-	if len(dumps) == 0 {
-		return nil, fmt.Errorf("frtrace: no flight-recorder dumps in %s", dir)
-	}
-	return dumps, nil
+	return l.Jobs[0].Dumps, nil
 }
 
 // Analyze compares the ranks' collectives, group by group and in sequence

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -13,7 +14,7 @@ func entry(seq uint64, name, state string, size int) Entry {
 }
 
 func dump(rank int, es ...Entry) Dump {
-	return Dump{Version: Version, Rank: rank, WorldSize: 2,
+	return Dump{Version: Version, CommLibVersion: Producer, Rank: rank, WorldSize: 2,
 		PGConfig: map[string]PGConfig{"0": {Name: "0", Desc: "default_pg", Ranks: []int{0, 1}}}, Entries: es}
 }
 
@@ -53,5 +54,67 @@ func TestLoadSkipsOtherFiles(t *testing.T) {
 	}
 	if _, err := Load(t.TempDir()); err == nil {
 		t.Fatal("empty dir accepted")
+	}
+}
+
+// TestLoadJobs: a directory like /tmp holds other files, PyTorch's JSON,
+// and an older run's dumps with a rank dumped twice; LoadJobs returns the
+// newest job first and keeps the runs apart.
+func TestLoadJobs(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, v any) {
+		t.Helper()
+		var raw []byte
+		if b, ok := v.([]byte); ok {
+			raw = b
+		} else {
+			raw, _ = json.Marshal(v)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := func(d Dump, run, uid string, ns int64) Dump {
+		d.RunID, d.PGUID, d.DumpTimeNs = run, uid, ns
+		return d
+	}
+	// The old run: ranks 0, 0 (twice), 1, 2; a broadcast where the new run
+	// has an allreduce, which would be a false type mismatch if mixed.
+	write("old_0", at(dump(0, entry(1, "gloo:broadcast", StateCompleted, 4)), "", "", 100))
+	write("old_0_copy", at(dump(0, entry(1, "gloo:broadcast", StateCompleted, 4)), "", "", 150))
+	write("old_1", at(dump(1, entry(1, "gloo:broadcast", StateCompleted, 4)), "", "", 110))
+	write("old_2", at(dump(2, entry(1, "gloo:broadcast", StateCompleted, 4)), "", "", 120))
+	write("new_1", at(dump(1, entry(1, "gloo:all_reduce", StateCompleted, 4)), "r1", "u1", 1000))
+	write("new_0", at(dump(0, entry(1, "gloo:all_reduce", StateCompleted, 4)), "r1", "u1", 1001))
+	torch := dump(0, entry(1, "nccl:all_reduce", StateCompleted, 4))
+	torch.CommLibVersion = "2.21.5" // PyTorch's JSON dump: NCCL's version
+	write("torch_0", torch)
+	write("notes.txt", []byte("goroutine 1 [running]:"))
+	write("array.json", []byte("[1,2,3]"))
+	write("empty", []byte{})
+	if err := os.Mkdir(filepath.Join(dir, "subdir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := LoadJobs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Jobs) != 2 || l.Skipped != 4 {
+		t.Fatalf("%d jobs, %d skipped; want 2 and 4", len(l.Jobs), l.Skipped)
+	}
+	newJob, old := l.Jobs[0], l.Jobs[1]
+	if newJob.ID != "run r1, pg_uid u1" || !slices.Equal(newJob.Ranks(), []int{0, 1}) || len(newJob.Duplicates) != 0 {
+		t.Fatalf("newest job %q ranks %v duplicates %v", newJob.ID, newJob.Ranks(), newJob.Duplicates)
+	}
+	if old.ID != "run -, pg_uid -" || !slices.Equal(old.Ranks(), []int{0, 1, 2}) ||
+		!slices.Equal(old.Duplicates[0], []string{filepath.Join(dir, "old_0")}) || old.Dumps[0].DumpTimeNs != 150 {
+		t.Fatalf("old job %q ranks %v duplicates %v", old.ID, old.Ranks(), old.Duplicates)
+	}
+	if rep := Analyze(newJob.Dumps); rep.Mismatch != nil || rep.Checked != 1 {
+		t.Fatalf("newest job: %s", rep)
+	}
+	ds, err := Load(dir)
+	if err != nil || len(ds) != 2 || ds[0].RunID != "r1" {
+		t.Fatalf("Load: %d dumps, %v", len(ds), err)
 	}
 }

@@ -29,6 +29,29 @@ type Dump struct {
 	Entries        []Entry             `json:"entries"`
 	DumpReason     string              `json:"dump_reason,omitempty"`
 	DumpTimeNs     int64               `json:"dump_time_ns"`
+	// DumpTime is DumpTimeNs as RFC 3339 (UTC), for people reading a dump.
+	DumpTime string `json:"dump_time,omitempty"`
+	// RunID and PGUID identify the job (JobID): the run id the launcher
+	// gave (TORCHELASTIC_RUN_ID, dispatcher.Config.RunID) and the uid rank
+	// 0 drew for the default group at Init. Not in PyTorch's schema.
+	RunID string `json:"run_id,omitempty"`
+	PGUID string `json:"pg_uid,omitempty"`
+}
+
+// Producer is the comm_lib_version of gocoll's dumps, which tells them
+// from PyTorch's and other programs' JSON files.
+const Producer = "gocoll"
+
+// JobID names the dump's job: "run R, pg_uid U", "-" for a missing part
+// (dumps of versions before these fields have "run -, pg_uid -").
+func (d *Dump) JobID() string {
+	part := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
+	return "run " + part(d.RunID) + ", pg_uid " + part(d.PGUID)
 }
 
 // PGConfig describes a process group.
