@@ -456,7 +456,7 @@ func TestReadEnv(t *testing.T) {
 	t.Setenv("MASTER_PORT", "29500")
 	t.Setenv("LOCAL_RANK", "0")
 	e, err := ReadEnv()
-	if err != nil || e != (Env{Rank: 1, WorldSize: 4, LocalRank: 0, LocalWorldSize: 4, GroupWorldSize: 1, RoleRank: 1, RoleWorldSize: 4, MasterAddr: "10.0.0.1", MasterPort: 29500}) {
+	if err != nil || e != (Env{Rank: 1, WorldSize: 4, LocalRank: 0, LocalWorldSize: 4, GroupWorldSize: 1, RoleRank: 1, RoleWorldSize: 4, MasterAddr: "10.0.0.1", MasterPort: 29500, StoreDialect: store.DialectV2}) {
 		t.Fatalf("ReadEnv = %+v, %v", e, err)
 	}
 	t.Setenv("WORLD_SIZE", "four")

@@ -49,6 +49,11 @@ type Env struct {
 	// rank 0 included, connects to it as a client, under the key prefix
 	// AgentStorePrefix(RestartCount), as torch does.
 	UseAgentStore bool
+	// StoreDialect is GOCOLL_STORE_DIALECT: the protocol numbering of the
+	// store's clients, 2 (store.DialectV2, PyTorch ≥ 2.2; the default) or
+	// 1 (store.DialectV1), for an agent store of a torch 1.x/2.0 torchrun,
+	// whose server a version 2 handshake would leave waiting.
+	StoreDialect store.Dialect
 }
 
 // AgentStorePrefix is the key prefix of the workers' store inside
@@ -123,6 +128,14 @@ func readEnv(env knob.Env) (Env, error) {
 	if err == nil && e.MaxRestarts < 0 {
 		bad("TORCHELASTIC_MAX_RESTARTS=%d is negative", e.MaxRestarts)
 	}
+	switch v, _ := env("GOCOLL_STORE_DIALECT"); v {
+	case "", "2":
+		e.StoreDialect = store.DialectV2
+	case "1":
+		e.StoreDialect = store.DialectV1
+	default:
+		bad(`GOCOLL_STORE_DIALECT=%q: want 1 (PyTorch 1.x/2.0 stores) or 2 (PyTorch >= 2.2)`, v)
+	}
 	e.RoleName, _ = env("ROLE_NAME")
 	e.RunID, _ = env("TORCHELASTIC_RUN_ID")
 	if v, ok := env("TORCHELASTIC_USE_AGENT_STORE"); ok && v != "" {
@@ -168,7 +181,7 @@ func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 		return nil, err
 	}
 	addr := net.JoinHostPort(env.MasterAddr, strconv.Itoa(env.MasterPort))
-	copts := store.ClientOptions{Timeout: cfg.Timeout, WorldSize: env.WorldSize}
+	copts := store.ClientOptions{Timeout: cfg.Timeout, WorldSize: env.WorldSize, Dialect: env.StoreDialect}
 	var st *store.TCPStore
 	if env.UseAgentStore {
 		st, err = store.DialTCPStore(ctx, addr, copts)

@@ -37,13 +37,13 @@ func TestReadTorchrunEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Env{Rank: 1, WorldSize: 2, LocalRank: 1, LocalWorldSize: 2, GroupRank: 0, GroupWorldSize: 1, RoleName: "default",
-		RoleRank: 1, RoleWorldSize: 2, MasterAddr: "127.0.0.1", MasterPort: 29500, RunID: "none", RestartCount: 2, MaxRestarts: 3, UseAgentStore: true}
+		RoleRank: 1, RoleWorldSize: 2, MasterAddr: "127.0.0.1", MasterPort: 29500, RunID: "none", RestartCount: 2, MaxRestarts: 3, UseAgentStore: true, StoreDialect: store.DialectV2}
 	if e != want {
 		t.Fatalf("got %+v\nwant %+v", e, want)
 	}
 	// A plain launcher sets only the five variables: the rest default.
 	e, err = readEnv(knob.Map(map[string]string{"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}))
-	want = Env{Rank: 3, WorldSize: 4, LocalRank: 3, LocalWorldSize: 4, GroupWorldSize: 1, RoleRank: 3, RoleWorldSize: 4, MasterAddr: "h", MasterPort: 1}
+	want = Env{Rank: 3, WorldSize: 4, LocalRank: 3, LocalWorldSize: 4, GroupWorldSize: 1, RoleRank: 3, RoleWorldSize: 4, MasterAddr: "h", MasterPort: 1, StoreDialect: store.DialectV2}
 	if err != nil || e != want {
 		t.Fatalf("got %+v, %v\nwant %+v", e, err, want)
 	}
@@ -70,6 +70,7 @@ func TestReadEnvRejects(t *testing.T) {
 		{map[string]string{"ROLE_RANK": "x"}, `ROLE_RANK="x" is not an integer`},
 		{map[string]string{"TORCHELASTIC_RESTART_COUNT": "-1"}, "TORCHELASTIC_RESTART_COUNT=-1 is negative"},
 		{map[string]string{"TORCHELASTIC_USE_AGENT_STORE": "yes"}, `TORCHELASTIC_USE_AGENT_STORE="yes": want "True" or "False"`},
+		{map[string]string{"GOCOLL_STORE_DIALECT": "3"}, `GOCOLL_STORE_DIALECT="3": want 1`},
 	} {
 		_, err := readEnv(knob.Map(torchrunEnv(c.change)))
 		if !errors.Is(err, backend.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
@@ -80,7 +81,7 @@ func TestReadEnvRejects(t *testing.T) {
 
 func setEnv(t *testing.T, m map[string]string) {
 	for _, k := range []string{"LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
-		"ROLE_NAME", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"} {
+		"ROLE_NAME", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "GOCOLL_STORE_DIALECT"} {
 		t.Setenv(k, "")
 	}
 	for k, v := range m {

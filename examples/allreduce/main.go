@@ -25,10 +25,15 @@ import (
 )
 
 func main() {
-	nproc := flag.Int("nproc", 2, "ranks to start when RANK is not set")
-	n := flag.Int("n", 1<<20, "elements per rank")
+	nproc := flag.Int("nproc", 2, "ranks to start when RANK is not set (at least 1)")
+	n := flag.Int("n", 1<<20, "elements per rank (at least 1)")
 	flag.Parse()
 	log.SetFlags(0)
+	if err := checkFlags(*nproc, *n, flag.Args()); err != nil {
+		fmt.Fprintln(os.Stderr, "allreduce:", err)
+		flag.Usage()
+		os.Exit(2)
+	}
 	if _, ok := os.LookupEnv("RANK"); !ok {
 		if err := launch(*nproc); err != nil {
 			log.Fatal(err)
@@ -38,6 +43,22 @@ func main() {
 	if err := rank(*n); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// checkFlags rejects values that would start nothing or that no
+// allocation can hold, naming them, before any rank starts.
+func checkFlags(nproc, n int, rest []string) error {
+	switch {
+	case nproc < 1:
+		return fmt.Errorf("-nproc %d: want at least 1 rank", nproc)
+	case n < 1:
+		return fmt.Errorf("-n %d: want at least 1 element", n)
+	case n > 1<<30:
+		return fmt.Errorf("-n %d: want at most %d elements (4 GiB of float32)", n, 1<<30)
+	case len(rest) > 0:
+		return fmt.Errorf("unexpected arguments %q", rest)
+	}
+	return nil
 }
 
 // launch starts nproc copies of this program as ranks, torchrun-style.
@@ -55,7 +76,7 @@ func launch(nproc int) error {
 	cmds := make([]*exec.Cmd, nproc)
 	for r := range cmds {
 		c := exec.Command(self, os.Args[1:]...)
-		c.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(nproc),
+		c.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(nproc), "LOCAL_WORLD_SIZE="+strconv.Itoa(nproc),
 			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port))
 		c.Stdout, c.Stderr = os.Stdout, os.Stderr
 		if err := c.Start(); err != nil {
