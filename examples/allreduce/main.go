@@ -127,6 +127,26 @@ func rank(n int) error {
 			return fmt.Errorf("rank %d: element %d is %v, want %v", pg.Rank(), i, v, want)
 		}
 	}
-	fmt.Printf("rank %d/%d: allreduce of %d float32 = %v everywhere, in %v\n", pg.Rank(), pg.Size(), n, want, took.Round(time.Microsecond))
+	fmt.Printf("rank %d/%d: allreduce of %d float32 = %v everywhere, in %v%s\n", pg.Rank(), pg.Size(), n, want, took.Round(time.Microsecond), launchedBy())
 	return nil
+}
+
+// launchedBy describes the launch as the variables tell it, e.g. " (local
+// rank 1 of 2 on node 0 of 1, torchrun's agent store, run none, attempt
+// 0)", so that a run under torchrun shows what gocoll read.
+func launchedBy() string {
+	env, err := dispatcher.ReadEnv()
+	if err != nil {
+		return ""
+	}
+	s := fmt.Sprintf(" (local rank %d of %d on node %d of %d", env.LocalRank, env.LocalWorldSize, env.GroupRank, env.GroupWorldSize)
+	if env.UseAgentStore {
+		s += ", torchrun's agent store"
+	} else {
+		s += ", store on rank 0"
+	}
+	if _, ok := os.LookupEnv("TORCHELASTIC_RUN_ID"); ok {
+		s += fmt.Sprintf(", run %s, attempt %d of at most %d", env.RunID, env.RestartCount, env.MaxRestarts+1)
+	}
+	return s + ")"
 }
