@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -51,6 +52,13 @@ type Result struct {
 	Passed, Failed, Skipped int
 	// ExitCodes of the rank processes.
 	ExitCodes []int
+	// StoppedBy is the rank whose setup error or crash made the launcher
+	// stop the others (their exit codes are then the launcher's doing), or
+	// -1.
+	StoppedBy int
+	// TimedOut says that the run outlived LaunchConfig.Timeout, and the
+	// ranks still running were sent SIGQUIT for their stacks.
+	TimedOut bool
 	// Report merges the ranks' reports: a spec fails when it failed on any
 	// rank.
 	Report types.Report
@@ -81,8 +89,10 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Result, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Minute
 	}
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	defer cancel()
+	ctx, cancelTimeout := context.WithTimeoutCause(ctx, cfg.Timeout, errRunTimeout)
+	defer cancelTimeout()
+	ctx, cancelCause := context.WithCancelCause(ctx)
+	defer cancelCause(nil)
 	dir, err := os.MkdirTemp("", "conftest-")
 	if err != nil {
 		return Result{}, err
@@ -92,13 +102,28 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{ExitCodes: make([]int, cfg.NProc)}
+	res := Result{ExitCodes: make([]int, cfg.NProc), StoppedBy: -1}
+	var stopOnce sync.Once
+	// stop ends the run after rank r's setup error or crash: the others
+	// would only wait for it. They get SIGTERM, which ends a Go rank without
+	// the goroutine dump that only a hung run needs.
+	stop := func(r int) {
+		stopOnce.Do(func() {
+			res.StoppedBy = r
+			cancelCause(fmt.Errorf("rank %d failed", r))
+		})
+	}
 	logs := make([]*strings.Builder, cfg.NProc)
 	var outMu sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
 	for r := range cfg.NProc {
 		logs[r] = &strings.Builder{}
+		if ctx.Err() != nil {
+			// A rank already failed (or the time is up): start no more.
+			res.ExitCodes[r] = -1
+			continue
+		}
 		cmd := exec.CommandContext(ctx, cfg.Command[0], cfg.Command[1:]...)
 		cmd.Env = append(append([]string{}, cfg.Env...),
 			"RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(cfg.NProc),
@@ -106,14 +131,23 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Result, error) {
 			EnvReport+"="+filepath.Join(dir, fmt.Sprintf("rank%d.json", r)))
 		// When the run's time is up, SIGQUIT makes a Go rank print every
 		// goroutine's stack before it dies, so a hung run says where it
-		// hung (the logs go to Report+".rankN.log").
-		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGQUIT) }
+		// hung (the logs go to Report+".rankN.log"). When another rank
+		// failed, the stacks would only bury its error: SIGTERM.
+		cmd.Cancel = func() error {
+			if errors.Is(context.Cause(ctx), errRunTimeout) {
+				return cmd.Process.Signal(syscall.SIGQUIT)
+			}
+			return cmd.Process.Signal(syscall.SIGTERM)
+		}
 		cmd.WaitDelay = 5 * time.Second
 		pr, pw := io.Pipe()
 		cmd.Stdout, cmd.Stderr = pw, pw
 		if err := cmd.Start(); err != nil {
-			cancel()
-			return res, fmt.Errorf("conformance: starting rank %d: %w", r, err)
+			err = fmt.Errorf("conformance: starting rank %d: %w", r, err)
+			cancelCause(err)
+			pw.Close()
+			wg.Wait() // the ranks already started end with SIGTERM
+			return res, err
 		}
 		wg.Add(2)
 		go func() {
@@ -144,13 +178,14 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Result, error) {
 				if errors.As(err, &ee) && ee.ExitCode() > 0 {
 					res.ExitCodes[r] = ee.ExitCode()
 				}
-				if res.ExitCodes[r] == 2 || ee == nil || ee.ExitCode() < 0 {
-					cancel() // a setup error or a crash: the others would only wait
+				if ctx.Err() == nil && (res.ExitCodes[r] == 2 || ee == nil || ee.ExitCode() < 0) {
+					stop(r) // a setup error or a crash: the others would only wait
 				}
 			}
 		}()
 	}
 	wg.Wait()
+	res.TimedOut = errors.Is(context.Cause(ctx), errRunTimeout)
 	reports := make([]*types.Report, cfg.NProc)
 	for r := range reports {
 		reports[r] = readReport(filepath.Join(dir, fmt.Sprintf("rank%d.json", r)))
@@ -186,6 +221,9 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Result, error) {
 	}
 	return res, nil
 }
+
+// errRunTimeout is the cause of a run's end when it outlived its Timeout.
+var errRunTimeout = errors.New("the run outlived its timeout")
 
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -262,7 +300,6 @@ func specKey(sp types.SpecReport) string {
 // failed rank it prints the tail of that rank's output.
 func summarize(out io.Writer, res *Result, reports []*types.Report, logs []*strings.Builder, took time.Duration) {
 	fmt.Fprintln(out)
-	fmt.Fprintln(out, "Summary by spec (a spec fails when it fails on any rank):")
 	type row struct {
 		text  string
 		state []string
@@ -288,6 +325,9 @@ func summarize(out io.Writer, res *Result, reports []*types.Report, logs []*stri
 		}
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].text < rows[j].text })
+	if len(rows) > 0 {
+		fmt.Fprintln(out, "Summary by spec (a spec fails when it fails on any rank):")
+	}
 	shown := 0
 	for _, rw := range rows {
 		// Passed when a rank passed it and none failed it: some specs run
@@ -309,22 +349,70 @@ func summarize(out io.Writer, res *Result, reports []*types.Report, logs []*stri
 			shown++
 		}
 	}
-	if shown < len(rows) {
-		fmt.Fprintf(out, "  ... %d more specs passed or skipped on every rank\n", len(rows)-shown)
+	switch {
+	case shown == 0 && len(rows) > 0:
+		fmt.Fprintf(out, "  all %d specs passed or were skipped on every rank\n", len(rows))
+	case shown < len(rows):
+		fmt.Fprintf(out, "  and %d more that passed or were skipped on every rank\n", len(rows)-shown)
 	}
 	for _, sp := range res.Report.SpecReports {
 		if sp.Failed() {
 			fmt.Fprintf(out, "\nFAILED %s\n  %s\n  at %s\n", sp.FullText(), sp.Failure.Message, sp.Failure.Location)
 		}
 	}
+	color := isTerminal(out)
+	var stopped []int
 	for r, c := range res.ExitCodes {
-		if c != 0 && (reports[r] == nil || res.Failed == 0) {
+		switch {
+		case c == 0:
+		case res.StoppedBy >= 0 && r != res.StoppedBy:
+			stopped = append(stopped, r) // the launcher's doing: its output says nothing new
+		case reports[r] == nil || res.Failed == 0 || r == res.StoppedBy:
 			tail := logs[r].String()
+			if !color {
+				tail = ansi.ReplaceAllString(tail, "")
+			}
 			if len(tail) > 4000 {
 				tail = "..." + tail[len(tail)-4000:]
 			}
-			fmt.Fprintf(out, "\nrank %d exited with status %d; its output:\n%s\n", r, c, tail)
+			fmt.Fprintf(out, "\nrank %d exited with status %d; its output:\n%s\n", r, c, strings.TrimRight(tail, "\n"))
 		}
 	}
-	fmt.Fprintf(out, "\n%d passed, %d failed, %d skipped on %d ranks in %v\n", res.Passed, res.Failed, res.Skipped, len(res.ExitCodes), took.Round(time.Millisecond))
+	if len(stopped) > 0 {
+		fmt.Fprintf(out, "\nthe launcher stopped %s (SIGTERM) after rank %d failed\n", rankList(stopped), res.StoppedBy)
+	}
+	if res.TimedOut {
+		fmt.Fprintf(out, "\nthe run outlived its timeout; the ranks still running were sent SIGQUIT (their stacks are in their output)\n")
+	}
+	// Scripts read the first three counts (N passed, N failed, N skipped).
+	total := fmt.Sprintf("%d passed, %d failed, %d skipped on %d ranks in %v", res.Passed, res.Failed, res.Skipped, len(res.ExitCodes), took.Round(time.Millisecond))
+	if res.Passed+res.Failed+res.Skipped == 0 {
+		total += ": no spec ran"
+	}
+	fmt.Fprintf(out, "\n%s\n", total)
+}
+
+// ansi matches the SGR escape sequences of coloured output (Ginkgo's).
+var ansi = regexp.MustCompile("\x1b\\[[0-9;]*m")
+
+// isTerminal reports whether w is a terminal, where colour codes belong.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// rankList names ranks: "rank 1", "ranks 1, 2 and 3".
+func rankList(rs []int) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = strconv.Itoa(r)
+	}
+	if len(rs) == 1 {
+		return "rank " + parts[0]
+	}
+	return "ranks " + strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
 }

@@ -6,6 +6,8 @@
 //	conftest --backend nccl --nproc 2  one GPU per rank (LOCAL_RANK), CUDA tensors; also "cpu:cpupool,cuda:nccl"
 //	conftest ops                       the op × backend table
 //	conftest bench [--nproc 2,4] [--gloo]   allreduce 8 B … 64 MiB, nccl-tests units
+//	conftest fr analyze [--job ID] DIR      the first collective on which the ranks' flight-recorder dumps disagree
+//	conftest help                           the commands
 //
 // The exit status is non-zero when a spec fails on any rank.
 package main
@@ -16,16 +18,20 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/backends/cpupool"
 	_ "github.com/gocoll/gocoll/backends/nccl/ncclconform" // registers "nccl" and its specs, setup and child scenarios
 	_ "github.com/gocoll/gocoll/backends/ucc/uccconform"   // registers "ucc" and its setup
 	"github.com/gocoll/gocoll/conformance"
 	_ "github.com/gocoll/gocoll/internal/stage/stageconform" // the staged CUDA specs of cpupool and ucc
+	"github.com/onsi/ginkgo/v2/types"
 )
 
 func main() {
@@ -51,9 +57,9 @@ func main() {
 	case "fr":
 		code, err = fr(args) // fr.go: conftest fr analyze DIR
 	case "help":
-		usage()
+		usage(os.Stdout)
 	default:
-		err = fmt.Errorf("unknown command %q", cmd)
+		err = fmt.Errorf("unknown command %q (conftest help lists them)", cmd)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "conftest:", err)
@@ -64,12 +70,16 @@ func main() {
 	os.Exit(code)
 }
 
-func usage() {
-	fmt.Fprint(os.Stderr, `usage:
-  conftest [flags]          run the conformance suite over --nproc rank processes
+// usage lists every command (TestUsageListsEveryCommand checks it against
+// main's switch).
+func usage(w io.Writer) {
+	fmt.Fprint(w, `usage:
+  conftest [run] [flags]    run the conformance suite over --nproc rank processes
   conftest ops              print the op × backend table
   conftest bench [flags]    allreduce benchmark (with --gloo: torch gloo side by side)
-run "conftest -h" or "conftest bench -h" for the flags
+  conftest fr analyze DIR   read the flight-recorder dumps in DIR (one job's: --job ID) and print the first collective on which the ranks disagree
+  conftest help             this list
+run "conftest run -h", "conftest bench -h" or "conftest fr analyze -h" for the flags
 `)
 }
 
@@ -102,7 +112,18 @@ func run(args []string) (int, error) {
 	nproc := fs.Int("nproc", 2, "number of rank processes")
 	report := fs.String("report", "", "write the merged reports to PATH.xml (JUnit) and PATH.json")
 	total := fs.Duration("run-timeout", 30*time.Minute, "bound on the whole run")
+	fs.Usage = func() {
+		usage(fs.Output())
+		fmt.Fprintln(fs.Output(), "\nflags of conftest run:")
+		fs.PrintDefaults()
+	}
+	if wantsHelp(args) {
+		fs.SetOutput(os.Stdout) // asked for: not an error
+	}
 	if err := fs.Parse(args); err != nil {
+		return 2, err
+	}
+	if err := sf.check(*nproc, fs.Args()); err != nil {
 		return 2, err
 	}
 	exe, err := os.Executable()
@@ -123,6 +144,60 @@ func run(args []string) (int, error) {
 		return 1, nil
 	}
 	return 0, nil
+}
+
+// check rejects, before any rank starts, what every rank would fail on: an
+// unknown backend, a label filter that does not parse, a rank count below
+// 1, stray arguments.
+func (f *suiteFlags) check(nproc int, rest []string) error {
+	if len(rest) > 0 {
+		return fmt.Errorf("unexpected arguments %q (conftest help lists the commands)", rest)
+	}
+	if nproc < 1 {
+		return fmt.Errorf("--nproc %d: want at least 1 rank", nproc)
+	}
+	if _, err := backend.ParseBackendString(f.backend); err != nil {
+		return fmt.Errorf("--backend %q: %w", f.backend, err)
+	}
+	if f.labels != "" {
+		if _, err := types.ParseLabelFilter(f.labels); err != nil {
+			// Ginkgo's errors are coloured, and this goes to a log as often
+			// as to a terminal: the text alone, "Heading: what".
+			msg := ansi.ReplaceAllString(err.Error(), "")
+			var ge types.GinkgoError
+			if errors.As(err, &ge) {
+				lines := strings.Split(strings.TrimSpace(ginkgoMarkup.ReplaceAllString(ge.Message, "")), "\n")
+				msg = ge.Heading + ": " + strings.TrimSpace(lines[len(lines)-1])
+			}
+			return fmt.Errorf("--label-filter %q: %s", f.labels, msg)
+		}
+	}
+	if f.focus != "" {
+		if _, err := regexp.Compile(f.focus); err != nil {
+			return fmt.Errorf("--focus %q: %w", f.focus, err)
+		}
+	}
+	return nil
+}
+
+// ansi matches colour escape sequences; ginkgoMarkup, the colour markup
+// of Ginkgo's messages ({{red}}, {{/}}).
+var (
+	ansi         = regexp.MustCompile("\x1b\\[[0-9;]*m")
+	ginkgoMarkup = regexp.MustCompile(`\{\{[a-z/-]*\}\}`)
+)
+
+// wantsHelp reports whether args ask for the flags' help.
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "-h", "-help", "--help", "--h":
+			return true
+		case "--":
+			return false
+		}
+	}
+	return false
 }
 
 func rank(args []string) error {
