@@ -30,8 +30,8 @@ const EnvReport = "GOCOLL_CONFTEST_REPORT"
 // LaunchConfig starts a run of N rank processes.
 type LaunchConfig struct {
 	// Command is the rank program and its arguments; each rank runs it with
-	// torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-	// MASTER_PORT) and EnvReport added to Env.
+	// torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+	// MASTER_ADDR, MASTER_PORT) and EnvReport added to Env.
 	Command []string
 	// Env is the environment of the ranks (default os.Environ()).
 	Env []string
@@ -126,7 +126,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) (Result, error) {
 		}
 		cmd := exec.CommandContext(ctx, cfg.Command[0], cfg.Command[1:]...)
 		cmd.Env = append(append([]string{}, cfg.Env...),
-			"RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(cfg.NProc),
+			"RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(cfg.NProc), "LOCAL_WORLD_SIZE="+strconv.Itoa(cfg.NProc),
 			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
 			EnvReport+"="+filepath.Join(dir, fmt.Sprintf("rank%d.json", r)))
 		// When the run's time is up, SIGQUIT makes a Go rank print every
@@ -299,7 +299,6 @@ func specKey(sp types.SpecReport) string {
 // summarize prints the per-spec table of failures and the totals; on a
 // failed rank it prints the tail of that rank's output.
 func summarize(out io.Writer, res *Result, reports []*types.Report, logs []*strings.Builder, took time.Duration) {
-	fmt.Fprintln(out)
 	type row struct {
 		text  string
 		state []string
@@ -326,7 +325,7 @@ func summarize(out io.Writer, res *Result, reports []*types.Report, logs []*stri
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].text < rows[j].text })
 	if len(rows) > 0 {
-		fmt.Fprintln(out, "Summary by spec (a spec fails when it fails on any rank):")
+		fmt.Fprintln(out, "\nSummary by spec (a spec fails when it fails on any rank):")
 	}
 	shown := 0
 	for _, rw := range rows {
