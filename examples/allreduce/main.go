@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
@@ -80,17 +81,38 @@ func launch(nproc int) error {
 			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port))
 		c.Stdout, c.Stderr = os.Stdout, os.Stderr
 		if err := c.Start(); err != nil {
+			stopAll(cmds[:r])
 			return err
 		}
 		cmds[r] = c
 	}
-	var first error
+	// The first rank to fail ends the run: the others would wait for it
+	// until their timeout.
+	type exit struct {
+		rank int
+		err  error
+	}
+	exits := make(chan exit, nproc)
 	for r, c := range cmds {
-		if err := c.Wait(); err != nil && first == nil {
-			first = fmt.Errorf("rank %d: %w", r, err)
+		go func() { exits <- exit{r, c.Wait()} }()
+	}
+	var first error
+	for range cmds {
+		e := <-exits
+		if e.err != nil && first == nil {
+			first = fmt.Errorf("rank %d: %w", e.rank, e.err)
+			stopAll(cmds)
 		}
 	}
 	return first
+}
+
+// stopAll ends the ranks still running (signalling one that has exited
+// fails harmlessly).
+func stopAll(cmds []*exec.Cmd) {
+	for _, c := range cmds {
+		_ = c.Process.Signal(syscall.SIGTERM)
+	}
 }
 
 func rank(n int) error {
