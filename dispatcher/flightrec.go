@@ -352,11 +352,16 @@ func (fr *FlightRecorder) servePipe(path string) {
 // latest completions.
 func (fr *FlightRecorder) Snapshot(reason string) frtrace.Dump {
 	fr.refresh()
+	// The sections of linked packages (the NVML snapshots of the GPUs),
+	// bounded: the watchdog that dumps must not wait on a sick GPU.
+	sctx, cancel := context.WithTimeout(context.Background(), sectionBound)
+	sections := frtrace.CollectSections(sctx)
+	cancel()
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
 	d := frtrace.Dump{Version: frtrace.Version, CommLibVersion: frtrace.Producer, Rank: fr.rank, WorldSize: fr.size,
 		PGConfig: map[string]frtrace.PGConfig{}, PGStatus: map[string]frtrace.PGStatus{}, DumpReason: reason,
-		RunID: fr.runID, PGUID: fr.pgUID}
+		RunID: fr.runID, PGUID: fr.pgUID, Sections: sections}
 	now := time.Now()
 	d.DumpTimeNs, d.DumpTime = now.UnixNano(), now.UTC().Format(time.RFC3339Nano)
 	for k, v := range fr.groups {
@@ -376,6 +381,11 @@ func (fr *FlightRecorder) Snapshot(reason string) frtrace.Dump {
 	}
 	return d
 }
+
+// sectionBound bounds the dump sections' collection (frtrace.Sections):
+// the default watchdog interval, so that a dump taken by a watchdog never
+// holds it past one round.
+const sectionBound = 100 * time.Millisecond
 
 // DumpPath is the file this rank dumps to.
 func (fr *FlightRecorder) DumpPath() string { return fr.opts.DumpPrefix + strconv.Itoa(fr.rank) }

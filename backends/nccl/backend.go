@@ -95,6 +95,8 @@ type Backend struct {
 	stopOnce sync.Once
 
 	heartbeat atomic.Uint64 // watchdog rounds (backend.Heartbeater)
+
+	started time.Time // when the group started: its NVML snapshots' XIDs count from here (nvml.go)
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -137,6 +139,7 @@ func New(ctx context.Context, cfg backend.Config) (*Backend, error) {
 	if p, ok := cfg.Options.(*Options); ok {
 		b.test = ncclhook.Of(p)
 	}
+	b.startNVML()
 	go b.watchdog()
 	if cfg.Device != nil {
 		if cfg.Device.Type != tensor.CUDA {
@@ -302,6 +305,7 @@ func (b *Backend) getComm(ctx context.Context, dev int) (*comm, error) {
 		return nil, err
 	}
 	b.devComms[dev].Store(c)
+	useGPU(c)
 	return c, nil
 }
 

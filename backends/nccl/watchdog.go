@@ -257,8 +257,18 @@ func (b *Backend) perform(ctx context.Context, acts []watch.Action[*Work], reaso
 	}
 }
 
-// failureError builds the error of a failure the unit decided.
+// failureError builds the error of a failure the unit decided; a timeout
+// or an asynchronous error carries the NVML snapshot of the op's GPU
+// (nvml.go).
 func (b *Backend) failureError(f *watch.Failure[*Work]) *backend.OpError {
+	err := b.failureErrorOf(f)
+	if f.Kind != watch.Remote {
+		b.addGPUSnapshot(err, f.Work)
+	}
+	return err
+}
+
+func (b *Backend) failureErrorOf(f *watch.Failure[*Work]) *backend.OpError {
 	w := f.Work
 	switch f.Kind {
 	case watch.Timeout:

@@ -1,11 +1,14 @@
 package frtrace
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 func entry(seq uint64, name, state string, size int) Entry {
@@ -116,5 +119,28 @@ func TestLoadJobs(t *testing.T) {
 	ds, err := Load(dir)
 	if err != nil || len(ds) != 2 || ds[0].RunID != "r1" {
 		t.Fatalf("Load: %d dumps, %v", len(ds), err)
+	}
+}
+
+func TestSectionsBounded(t *testing.T) {
+	RegisterSection("test-fast", func(context.Context) any { return map[string]int{"x": 1} })
+	block := make(chan struct{})
+	defer close(block)
+	RegisterSection("test-hung", func(context.Context) any { <-block; return nil })
+	defer func() {
+		sections.mu.Lock()
+		delete(sections.m, "test-fast")
+		delete(sections.m, "test-hung")
+		sections.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	got := CollectSections(ctx)
+	if took := time.Since(t0); took > 2*time.Second {
+		t.Fatalf("CollectSections took %v with a hung section", took)
+	}
+	if string(got["test-fast"]) != `{"x":1}` || !strings.Contains(string(got["test-hung"]), "did not answer in time") {
+		t.Fatalf("sections %s / %s", got["test-fast"], got["test-hung"])
 	}
 }

@@ -8,6 +8,8 @@
 // ignores.
 package frtrace
 
+import "encoding/json"
+
 // Version is the dump schema version, PyTorch's.
 const Version = "2.10"
 
@@ -36,6 +38,10 @@ type Dump struct {
 	// 0 drew for the default group at Init. Not in PyTorch's schema.
 	RunID string `json:"run_id,omitempty"`
 	PGUID string `json:"pg_uid,omitempty"`
+	// Sections are what the packages linked into the process add to every
+	// dump (RegisterSection), by name: "nvml" holds the NVML snapshots of
+	// the process's GPUs (internal/gpuinfo). PyTorch's reader ignores it.
+	Sections map[string]json.RawMessage `json:"sections,omitempty"`
 }
 
 // Producer is the comm_lib_version of gocoll's dumps, which tells them

@@ -99,7 +99,9 @@ type callError struct {
 	ret  nvml.Return
 }
 
-func (e *callError) Error() string { return fmt.Sprintf("gpuinfo: %s: %v", e.call, nvml.ErrorString(e.ret)) }
+func (e *callError) Error() string {
+	return fmt.Sprintf("gpuinfo: %s: %v", e.call, nvml.ErrorString(e.ret))
+}
 
 func nvErr(call string, ret nvml.Return) error { return &callError{call, ret} }
 
@@ -195,8 +197,8 @@ func busID(p nvml.PciInfo) string {
 // working), else the PCIe common ancestor.
 func (l *Lib) topology(devs []nvml.Device, gpus []GPU) [][]string {
 	type links struct {
-		peers  map[string]int // remote bus id (normalised) → active links
-		switch_ int           // active links to NVSwitches
+		peers   map[string]int // remote bus id (normalised) → active links
+		switch_ int            // active links to NVSwitches
 	}
 	ls := make([]links, len(devs))
 	for i, d := range devs {

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/gocoll/gocoll/internal/frtrace"
 )
 
 // proc is the outcome of the process's one NVML open and XID registration
@@ -18,6 +20,7 @@ var proc struct {
 	ready chan struct{}
 	mon   *Monitor
 	err   error
+	start time.Time // when Start first ran: a dump's XIDs count from here
 
 	mu    sync.Mutex
 	inUse []string // normalised bus ids, in first-use order
@@ -31,6 +34,8 @@ func init() { proc.ready = make(chan struct{}) }
 // machine without persistence mode) never delays the group.
 func Start() {
 	proc.once.Do(func() {
+		proc.start = time.Now()
+		frtrace.RegisterSection("nvml", dumpSection)
 		go func() {
 			defer close(proc.ready)
 			lib, err := Open(Options{})
@@ -82,4 +87,15 @@ func Snapshots(ctx context.Context, since time.Time) ([]Snapshot, error) {
 		out = append(out, m.Snapshot(ctx, b, since))
 	}
 	return out, nil
+}
+
+// dumpSection is the "nvml" section of the process's flight-recorder
+// dumps: the snapshots of the GPUs its groups use, with the XID events
+// since the first group started, or the one line saying why there are none.
+func dumpSection(ctx context.Context) any {
+	snaps, err := Snapshots(ctx, proc.start)
+	if err != nil {
+		return map[string]string{"unavailable": err.Error()}
+	}
+	return snaps
 }
