@@ -2,6 +2,7 @@ package nccl
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
@@ -48,12 +49,14 @@ func (b *Backend) addGPUSnapshot(err *backend.OpError, w *Work) {
 	if w == nil || w.c == nil || w.c.dev == nil {
 		return
 	}
-	if s := b.gpuSnapshot(w.c); s != "" {
-		if err.Detail != "" {
-			err.Detail += "; "
-		}
-		err.Detail += "NVML: " + s
+	s := b.gpuSnapshot(w.c)
+	if !strings.HasPrefix(s, "NVML") {
+		s = "NVML: " + s
 	}
+	if err.Detail != "" {
+		err.Detail += "; "
+	}
+	err.Detail += s
 }
 
 // gpuSnapshot renders the snapshot of c's GPU, bounded by snapshotBound.

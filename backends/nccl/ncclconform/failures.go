@@ -99,6 +99,7 @@ func policyAfter(c *conformance.Child, policy string, g *cuda.Gate) error {
 // policyCheck checks what each policy did.
 func policyCheck(policy string, c *conformance.ChildResult, dumps []string) {
 	GinkgoHelper()
+	checkNVML(c, dumps)
 	switch policy {
 	case "TearDown", "SkipCleanUp":
 		Expect(c.Code).To(Equal(1), "the process should end: %v", c)

@@ -13,11 +13,14 @@
 package ncclconform
 
 import (
+	"cmp"
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/gocoll/gocoll/backends/nccl"
 	"github.com/gocoll/gocoll/conformance"
+	"github.com/gocoll/gocoll/internal/gpuinfo"
 )
 
 // NCCLSkips are the behaviours of the backend-generic specs that NCCL does
@@ -54,6 +57,9 @@ func setup(cfg *conformance.RankConfig) error {
 		return err
 	}
 	cfg.Info = append(cfg.Info, fmt.Sprintf("nccl: %s (%s), NCCL_NVLS_ENABLE=%q", nccl.VersionString(v), nccl.LibraryPath(), os.Getenv("NCCL_NVLS_ENABLE")))
+	// The machine section (NVML): the GPUs of this host's ranks, their
+	// topology, driver and NCCL versions, recorded in every rank's report.
+	cfg.Info = append(cfg.Info, gpuinfo.SectionLines(localWorld(), nccl.VersionString(v))...)
 	opts, err := nccl.OptionsFromEnv()
 	if err != nil {
 		return err
@@ -74,4 +80,11 @@ func setup(cfg *conformance.RankConfig) error {
 		}
 	}
 	return nil
+}
+
+// localWorld is the number of ranks on this host: torchrun's
+// LOCAL_WORLD_SIZE, else WORLD_SIZE (conftest starts every rank here).
+func localWorld() int {
+	n, _ := strconv.Atoi(cmp.Or(os.Getenv("LOCAL_WORLD_SIZE"), os.Getenv("WORLD_SIZE")))
+	return n
 }
