@@ -63,6 +63,7 @@ func bench(args []string) error {
 	if *be != cpupool.Name && *be != "ucc" {
 		return fmt.Errorf("bad --backend %q (cpupool or ucc)", *be)
 	}
+	printMachine(os.Stdout, 0) // gpus.go: the machine section (NVML), or the line saying why there is none
 	lo, err := parseBytes(*minB)
 	if err != nil {
 		return err

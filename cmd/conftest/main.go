@@ -3,8 +3,10 @@
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0 hosts the TCPStore).
 //
 //	conftest [--backend cpupool] [--nproc 4] [--report out/conformance] [--label-filter 'ops && !stress'] [--focus allreduce]
-//	conftest --backend nccl --nproc 2  one GPU per rank (LOCAL_RANK), CUDA tensors; also "cpu:cpupool,cuda:nccl"
+//	conftest --backend nccl --nproc 2  one GPU per rank (LOCAL_RANK), CUDA tensors; also "cpu:cpupool,cuda:nccl";
+//	                                   without --nproc, one rank per visible GPU (NVML, CUDA_VISIBLE_DEVICES)
 //	conftest ops                       the op × backend table
+//	conftest gpus [--json]             the GPUs, their topology and health (NVML)
 //	conftest bench [--nproc 2,4] [--gloo]   allreduce 8 B … 64 MiB, nccl-tests units
 //	conftest fr analyze [--job ID] DIR      the first collective on which the ranks' flight-recorder dumps disagree
 //	conftest help                           the commands
@@ -56,6 +58,8 @@ func main() {
 		err = benchRank(args)
 	case "fr":
 		code, err = fr(args) // fr.go: conftest fr analyze DIR
+	case "gpus":
+		err = gpus(args) // gpus.go: the GPUs, their topology and health, through NVML
 	case "help":
 		usage(os.Stdout)
 	default:
@@ -76,6 +80,7 @@ func usage(w io.Writer) {
 	fmt.Fprint(w, `usage:
   conftest [run] [flags]    run the conformance suite over --nproc rank processes
   conftest ops              print the op × backend table
+  conftest gpus [--json]    the GPUs (NVML): topology, driver, NCCL, health, XID events
   conftest bench [flags]    allreduce benchmark (with --gloo: torch gloo side by side)
   conftest fr analyze DIR   read the flight-recorder dumps in DIR (one job's: --job ID) and print the first collective on which the ranks disagree
   conftest help             this list
@@ -109,7 +114,7 @@ func run(args []string) (int, error) {
 	fs := flag.NewFlagSet("conftest", flag.ExitOnError)
 	var sf suiteFlags
 	sf.register(fs)
-	nproc := fs.Int("nproc", 2, "number of rank processes")
+	nproc := fs.Int("nproc", 2, "number of rank processes (with --backend nccl: one per visible GPU when left out)")
 	report := fs.String("report", "", "write the merged reports to PATH.xml (JUnit) and PATH.json")
 	total := fs.Duration("run-timeout", 30*time.Minute, "bound on the whole run")
 	fs.Usage = func() {
@@ -126,6 +131,13 @@ func run(args []string) (int, error) {
 	if err := sf.check(*nproc, fs.Args()); err != nil {
 		return 2, err
 	}
+	nprocSet := false
+	fs.Visit(func(f *flag.Flag) { nprocSet = nprocSet || f.Name == "nproc" })
+	n, err := gpuRanks(os.Stdout, sf.backend, *nproc, nprocSet) // gpus.go
+	if err != nil {
+		return 2, err
+	}
+	*nproc = n
 	exe, err := os.Executable()
 	if err != nil {
 		return 2, err

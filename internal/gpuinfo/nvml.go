@@ -73,7 +73,9 @@ func initLib(n nvml.Interface) (lib *Lib, err error) {
 			lib, err = nil, fmt.Errorf("%w: %v", ErrUnavailable, r)
 		}
 	}()
-	if ret := n.Init(); ret != nvml.SUCCESS {
+	if ret := n.Init(); ret == nvml.ERROR_LIBRARY_NOT_FOUND {
+		return nil, fmt.Errorf("%w: libnvidia-ml.so.1 not found (no NVIDIA driver here, or %s names another path)", ErrUnavailable, EnvLibrary)
+	} else if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("%w: nvmlInit: %v", ErrUnavailable, nvml.ErrorString(ret))
 	}
 	return &Lib{n: n}, nil

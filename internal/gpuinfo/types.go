@@ -233,42 +233,60 @@ type Snapshot struct {
 	Stale string `json:"stale,omitempty"`
 }
 
-// String renders the snapshot on one line, for error messages.
-func (s Snapshot) String() string {
+// String renders the health on one line ("GPU0 NVIDIA H200 (GPU-…):
+// util …, throttle …, ECC …, …").
+func (h Health) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "GPU%d", s.Index)
-	if s.Name != "" {
-		fmt.Fprintf(&b, " %s", s.Name)
+	h.writeName(&b)
+	h.writeBody(&b)
+	return strings.TrimSuffix(b.String(), "; ")
+}
+
+func (h Health) writeName(b *strings.Builder) {
+	fmt.Fprintf(b, "GPU%d", h.Index)
+	if h.Name != "" {
+		fmt.Fprintf(b, " %s", h.Name)
 	}
-	if s.UUID != "" {
-		fmt.Fprintf(&b, " (%s)", s.UUID)
+	if h.UUID != "" {
+		fmt.Fprintf(b, " (%s)", h.UUID)
 	}
 	b.WriteString(": ")
+}
+
+// writeBody writes the readings, each part ending in "; ".
+func (h Health) writeBody(b *strings.Builder) {
+	if h.Lost {
+		b.WriteString("NVML says the GPU is lost (fallen off the bus or not answering); ")
+		return
+	}
+	fmt.Fprintf(b, "util %s%% (memory %s%%), memory used %s of %.1f GiB, %s C, %s W, throttle: %s; ",
+		num(h.UtilGPU), num(h.UtilMemory), gib(h.MemoryUsed), float64(h.MemoryTotal)/(1<<30), num(h.TempC), watts(h.PowerMW),
+		orNone(h.Throttle))
+	fmt.Fprintf(b, "ECC volatile %s corrected/%s uncorrected, aggregate %s/%s; ",
+		num(h.ECC.VolatileCorrected), num(h.ECC.VolatileUncorrected), num(h.ECC.AggregateCorrected), num(h.ECC.AggregateUncorrected))
+	fmt.Fprintf(b, "retired pages pending %s, remapped rows %s/%s pending %v failure %v; ",
+		h.RetiredPending, num(h.RemapCorrectable), num(h.RemapUncorrectable), h.RemapPending, h.RemapFailure)
+	if len(h.Errors) > 0 {
+		fmt.Fprintf(b, "NVML errors: %s; ", strings.Join(h.Errors, ", "))
+	}
+}
+
+// String renders the snapshot on one line, for error messages: the
+// health, then the XID events since the group started.
+func (s Snapshot) String() string {
+	var b strings.Builder
+	s.writeName(&b)
 	if s.Stale != "" {
 		b.WriteString(s.Stale)
-		if s.Time.IsZero() {
-			b.WriteString("; ")
-			writeXIDs(&b, s)
-			return b.String()
+		b.WriteString("; ")
+		if !s.Time.IsZero() {
+			fmt.Fprintf(&b, "as read at %s: ", s.Time.Format("15:04:05.000"))
+			s.writeBody(&b)
 		}
-		fmt.Fprintf(&b, "; as read at %s: ", s.Time.Format("15:04:05.000"))
+	} else {
+		s.writeBody(&b)
 	}
-	if s.Lost {
-		b.WriteString("NVML says the GPU is lost (fallen off the bus or not answering); ")
-		writeXIDs(&b, s)
-		return b.String()
-	}
-	fmt.Fprintf(&b, "util %s%% (memory %s%%), memory used %s of %.1f GiB, %s C, %s W, throttle: %s; ",
-		num(s.UtilGPU), num(s.UtilMemory), gib(s.MemoryUsed), float64(s.MemoryTotal)/(1<<30), num(s.TempC), watts(s.PowerMW),
-		orNone(s.Throttle))
-	fmt.Fprintf(&b, "ECC volatile %s corrected/%s uncorrected, aggregate %s/%s; ",
-		num(s.ECC.VolatileCorrected), num(s.ECC.VolatileUncorrected), num(s.ECC.AggregateCorrected), num(s.ECC.AggregateUncorrected))
-	fmt.Fprintf(&b, "retired pages pending %s, remapped rows %s/%s pending %v failure %v; ",
-		s.RetiredPending, num(s.RemapCorrectable), num(s.RemapUncorrectable), s.RemapPending, s.RemapFailure)
 	writeXIDs(&b, s)
-	if len(s.Errors) > 0 {
-		fmt.Fprintf(&b, "; NVML errors: %s", strings.Join(s.Errors, ", "))
-	}
 	return b.String()
 }
 
