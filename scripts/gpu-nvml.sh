@@ -6,7 +6,8 @@
 # gated-timeout policy specs whose errors and dumps carry the NVML snapshot,
 # the same with GOCOLL_NVML=0 (the one-line degradation) and a short bench
 # with its machine section. On the device (GPU.md):
-#   run: carry [".gpu"], command `bash .gpu/nvml.sh`
+#   run: carry [".gpu"], command `bash .gpu/nvml.sh` (nvml.sh finds conftest beside
+#   itself, so the two files may travel in any carried folder)
 # Everything comes back as one tarball, $OUT/nvml.tgz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +19,7 @@ export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}
 R=/tmp/nvml-res
 rm -rf "$R"; mkdir -p "$R"
-cd "$(dirname "$0")/.."
-C=.gpu/conftest
+C="$(cd "$(dirname "$0")" && pwd)/conftest" # the bundle may travel as .gpu or as a folder of another checkout
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS; timeout "$limit" "$@"; echo "$name rc=$? ($((SECONDS-t0)) s)" >> "$R/summary.txt"; }
 { date -u; nvidia-smi -L; nvidia-smi topo -m; nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,ecc.errors.uncorrected.volatile.total,clocks_throttle_reasons.active --format=csv; } > "$R/nvidia-smi.txt" 2>&1
 step "gpus" 20 $C gpus > "$R/gpus.txt" 2>&1
