@@ -171,3 +171,20 @@ func roundWait(d time.Duration) time.Duration {
 	}
 	return d.Round(time.Microsecond)
 }
+
+// RootCause returns the rank err blames when there is exactly one: an
+// *OpError of kind ErrRemote or ErrTimeout naming a single rank other
+// than self. A rank that gives up because of a peer (its Abort, its
+// mesh's close, the store's error key) passes that rank on, so that every
+// survivor names the root cause and never a rank that is merely following
+// the failure.
+func RootCause(err error, self int) (int, bool) {
+	var oe *OpError
+	if !errors.As(err, &oe) || len(oe.Ranks) != 1 || oe.Ranks[0] == self {
+		return -1, false
+	}
+	if !errors.Is(oe.Kind, ErrRemote) && !errors.Is(oe.Kind, ErrTimeout) {
+		return -1, false
+	}
+	return oe.Ranks[0], true
+}

@@ -305,7 +305,12 @@ func (b *Backend) Abort(ctx context.Context, reason error) error {
 	}
 	works := append([]backend.Work(nil), b.outstanding...)
 	b.mu.Unlock()
-	b.mesh.Abort(aerr)
+	// The peers blame the rank that reason blames, or this one.
+	root, ok := backend.RootCause(reason, b.cfg.Rank)
+	if !ok {
+		root = b.cfg.Rank
+	}
+	b.mesh.AbortBecause(aerr, root)
 	for _, w := range works {
 		w.Abort(reason)
 	}
@@ -642,6 +647,7 @@ func (b *Backend) wrap(j *job, err error) error {
 	}
 	e := &backend.OpError{Op: j.op.String(), Seq: j.seq, Rank: b.cfg.Rank, Backend: Name, Err: err}
 	var pe *tcpmesh.PeerError
+	var ce *tcpmesh.CauseError
 	var tse *tcpmesh.SizeError
 	var cse *coll.SizeError
 	var roe *tcpmesh.RemoteOpError
@@ -657,6 +663,9 @@ func (b *Backend) wrap(j *job, err error) error {
 		e.Kind = backend.ErrAborted
 	case errors.Is(err, tcpmesh.ErrClosed):
 		e.Kind = backend.ErrClosed
+	case errors.As(err, &ce):
+		// A peer gave the mesh up because of ce.Rank: that rank is at fault.
+		e.Kind, e.Ranks = backend.ErrRemote, []int{ce.Rank}
 	case errors.As(err, &pe):
 		e.Kind, e.Ranks = backend.ErrRemote, []int{pe.Rank}
 	case errors.As(err, &tse):

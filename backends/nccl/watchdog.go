@@ -318,7 +318,14 @@ func (w *Work) timeoutError(what string) *backend.OpError {
 func (b *Backend) publishRemoteError(err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
 	defer cancel()
-	v := watch.SignalValue(b.rank, b.edge.now(), err.Error())
+	// A failure that blames one peer (a timeout naming the late rank)
+	// names that peer, so that the ranks that read the key blame it and
+	// not this rank, which only found it.
+	root, msg := b.rank, err.Error()
+	if r, ok := backend.RootCause(err, b.rank); ok {
+		root, msg = r, fmt.Sprintf("rank %d failed because of rank %d: %s", b.rank, r, msg)
+	}
+	v := watch.SignalValue(root, b.edge.now(), msg)
 	if e := b.cfg.Store.Set(ctx, remoteErrorKey, []byte(v)); e != nil {
 		slog.Warn("gocoll nccl: could not publish the error to the peers", "rank", b.rank, "group", b.cfg.GroupDesc, "err", e)
 	}

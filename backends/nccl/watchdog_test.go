@@ -200,3 +200,22 @@ func TestCapturedWork(t *testing.T) {
 		t.Fatal("Abort failed a captured op")
 	}
 }
+
+// A timeout that blames one late peer publishes that peer as the cause in
+// the remote-error key, so the ranks that read it name the late rank and
+// not this one, which only found it.
+func TestDriverTimeoutPublishesRootCause(t *testing.T) {
+	b, fe, _, st := hostBackend(t, NoHandling, false)
+	b.cfg.Desync = func(context.Context, backend.Op, uint64) ([]int, string) {
+		return []int{1}, "rank 1 never enqueued allreduce seq 3"
+	}
+	b.hostWork(3, fe.now)
+	b.mu.Lock()
+	acts := b.wd.Tick(fe.now.Add(1500 * time.Millisecond))
+	b.mu.Unlock()
+	b.perform(context.Background(), acts, nil)
+	v, err := st.Get(context.Background(), remoteErrorKey)
+	if err != nil || !strings.HasPrefix(string(v), "1\n") || !strings.Contains(string(v), "rank 0 failed because of rank 1") {
+		t.Fatalf("remote-error key: %q %v", v, err)
+	}
+}

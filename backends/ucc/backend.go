@@ -317,7 +317,13 @@ func (b *Backend) Abort(ctx context.Context, reason error) error {
 	b.halt()
 	pctx, cancel := context.WithTimeout(ctx, abortBound)
 	defer cancel()
-	v := watch.SignalValue(b.cfg.Rank, time.Now(), aerr.Error())
+	// The peers blame the rank the reason blames (a dead or late peer this
+	// rank gives up because of), not this rank, which is only following.
+	root, msg := b.cfg.Rank, aerr.Error()
+	if r, ok := backend.RootCause(reason, b.cfg.Rank); ok {
+		root, msg = r, fmt.Sprintf("rank %d aborted because of rank %d: %s", b.cfg.Rank, r, msg)
+	}
+	v := watch.SignalValue(root, time.Now(), msg)
 	if err := b.cfg.Store.Set(pctx, remoteErrorKey, []byte(v)); err != nil {
 		slog.Warn("gocoll ucc: abort: could not tell the peers", "rank", b.cfg.Rank, "group", b.cfg.GroupDesc, "err", err)
 	}

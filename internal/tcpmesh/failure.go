@@ -2,6 +2,7 @@ package tcpmesh
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -66,6 +67,45 @@ func (e *PeerError) Error() string {
 }
 
 func (e *PeerError) Unwrap() error { return e.Err }
+
+// CauseError is a peer's notice that it gave the mesh up because of rank
+// Rank (the root cause: the rank that died, aborted or broke the
+// protocol first), so that a rank that is merely following the failure
+// is never blamed for it. Via is the peer that sent the notice; it equals
+// Rank when the peer itself was the cause (its own Abort).
+type CauseError struct {
+	Rank   int    // the root cause
+	Via    int    // the rank that sent the notice
+	Reason string // its error text
+}
+
+func (e *CauseError) Error() string {
+	if e.Via == e.Rank {
+		return fmt.Sprintf("tcpmesh: rank %d gave up: %s", e.Rank, e.Reason)
+	}
+	return fmt.Sprintf("tcpmesh: rank %d gave up because of rank %d: %s", e.Via, e.Rank, e.Reason)
+}
+
+// RootRank returns the rank that err blames: a *CauseError's root cause,
+// or the rank of a *PeerError whose connection failed.
+func RootRank(err error) (int, bool) {
+	var ce *CauseError
+	if errors.As(err, &ce) {
+		return ce.Rank, true
+	}
+	var pe *PeerError
+	if errors.As(err, &pe) {
+		return pe.Rank, true
+	}
+	return -1, false
+}
+
+// noticeBound bounds the abort notices a rank sends its peers when its
+// mesh breaks (each peer's notice on its own goroutine): they go out
+// before the failed receives complete, so that a rank which exits right
+// after its op fails has told its peers why, but a peer that takes no
+// data may not hold the failure back.
+const noticeBound = 200 * time.Millisecond
 
 // FailTag tells every peer that this rank gave up the op with tag (for
 // the reason err, of kind code), so that their receives of it fail with a
@@ -157,13 +197,37 @@ func (m *Mesh) peerGone(peer int) {
 }
 
 // fail breaks the mesh with err (the first error wins) and fails every
-// posted receive.
+// posted receive. The first failure other than Close is told to every
+// peer first (notify), naming its root cause.
 func (m *Mesh) fail(err error) {
+	root, ok := RootRank(err)
+	if !ok {
+		root = m.rank
+	}
+	m.failBecause(err, root)
+}
+
+// failBecause is fail with the root cause given: the rank the peers are
+// told this rank gave up because of.
+func (m *Mesh) failBecause(err error, root int) {
 	m.mu.Lock()
-	if m.broken == nil {
+	first := m.broken == nil
+	tell := first && !errors.Is(err, ErrClosed)
+	if first {
 		m.broken = err
+		if tell {
+			// Whoever sees the mesh broken and then closes it waits for
+			// the notices (Abort, Close): they must leave first.
+			m.notices.Add(1)
+		}
 	}
 	err = m.broken
+	m.mu.Unlock()
+	if tell {
+		m.notify(root, err)
+		m.notices.Done()
+	}
+	m.mu.Lock()
 	var victims []*Req
 	for _, l := range m.posted {
 		victims = claim(victims, &l)
@@ -180,15 +244,107 @@ func (m *Mesh) fail(err error) {
 }
 
 // Abort breaks the mesh with err at once: pending and later receives and
-// sends fail with it, and the connections are closed.
+// sends fail with it, and the connections are closed. The peers are told
+// that this rank gave up because of the rank err blames (RootRank), or of
+// itself.
 func (m *Mesh) Abort(err error) {
-	m.fail(err)
+	root, ok := RootRank(err)
+	if !ok {
+		root = m.rank
+	}
+	m.AbortBecause(err, root)
+}
+
+// AbortBecause is Abort naming the root cause: the peers' meshes fail
+// with a *CauseError naming root, so that they blame it and not this rank.
+func (m *Mesh) AbortBecause(err error, root int) {
+	if root < 0 || root >= m.size {
+		root = m.rank
+	}
+	m.failBecause(err, root)
+	m.notices.Wait()
 	for _, p := range m.peers {
 		if p != nil {
 			_ = p.conn.Close()
 			if p.pair != nil {
 				p.pair.Close() // unblock this side's ring waits
 			}
+		}
+	}
+}
+
+// writeGrace is how long a failed write to a peer that went away waits
+// for that peer's reader to finish: the peer may have told this rank why
+// it left (an abort notice, still unread behind the broken socket), and
+// its reason, naming the root cause, must win over this rank's own view
+// that the peer failed.
+const writeGrace = 100 * time.Millisecond
+
+// failWrite breaks the mesh after a write to p failed with perr, letting
+// p's reader report first what p said before it left (writeGrace). A
+// write that ran out of time (a slow peer, not a gone one) fails at once.
+func (m *Mesh) failWrite(p *peer, perr *PeerError) {
+	if !errors.Is(perr.Err, context.DeadlineExceeded) && !errors.Is(perr.Err, context.Canceled) && !isTimeout(perr.Err) {
+		t := time.NewTimer(writeGrace)
+		select {
+		case <-p.readEnd:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	m.fail(perr)
+}
+
+// isTimeout reports whether err is a network deadline.
+func isTimeout(err error) bool {
+	var ne interface{ Timeout() bool }
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// notify sends every peer (but root when its connection failed) an abort
+// notice naming root, in parallel, and waits for the notices at most noticeBound. The
+// notice travels after the frames already sent, so a peer reads it before
+// the end of the connection. A peer whose writer is stuck (its lock held
+// by a send that waits for room) gets its notice when the lock is free.
+func (m *Mesh) notify(root int, err error) {
+	if m.size == 1 {
+		return
+	}
+	reason := err.Error()
+	if len(reason) > maxReason-4 {
+		reason = reason[:maxReason-4]
+	}
+	b := make([]byte, 4+len(reason))
+	binary.LittleEndian.PutUint32(b, uint32(int32(root)))
+	copy(b[4:], reason)
+	// The root itself is told too (it may be alive: a late rank), unless
+	// its connection is what failed.
+	skip := -1
+	var pe *PeerError
+	if errors.As(err, &pe) && pe.Rank == root {
+		skip = root
+	}
+	done := make(chan struct{}, m.size)
+	n := 0
+	for _, p := range m.peers {
+		if p == nil || p.rank == skip {
+			continue
+		}
+		n++
+		go func() {
+			defer func() { done <- struct{}{} }()
+			ctx, cancel := context.WithTimeout(context.Background(), noticeBound)
+			defer cancel()
+			_ = m.writeFrame(ctx, p, kindAbort, 0, b)
+		}()
+	}
+	t := time.NewTimer(noticeBound)
+	defer t.Stop()
+	for range n {
+		select {
+		case <-done:
+		case <-t.C:
+			return
 		}
 	}
 }

@@ -15,6 +15,7 @@ const (
 	kindProbeReply = 3 // tag: probe id; payload: 8-byte value
 	kindBye        = 4 // the peer closes in order; no payload
 	kindFail       = 5 // tag: an op the peer gave up; payload: 1 byte code, then the reason
+	kindAbort      = 6 // the peer gives the mesh up; payload: 4-byte root-cause rank, then the reason
 	maxReason      = 4 << 10
 	hdrLen         = 24
 	helloMagic     = 0x67636f6c // "gcol"
@@ -31,9 +32,16 @@ func (m *Mesh) write(ctx context.Context, to int, kind byte, tag uint64, buf []b
 		return fmt.Errorf("tcpmesh: send to invalid rank %d", to)
 	}
 	if err := m.Err(); err != nil {
+		m.notices.Wait() // a broken mesh's notices leave before its ops fail
 		return err
 	}
-	p := m.peers[to]
+	return m.writeFrame(ctx, m.peers[to], kind, tag, buf)
+}
+
+// writeFrame writes one frame to p whether or not the mesh is broken (the
+// abort notice goes out after it broke).
+func (m *Mesh) writeFrame(ctx context.Context, p *peer, kind byte, tag uint64, buf []byte) error {
+	to := p.rank
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
 	if p.pair != nil {
@@ -59,9 +67,9 @@ func (m *Mesh) write(ctx context.Context, to int, kind byte, tag uint64, buf []b
 	if err != nil {
 		// A partial frame leaves the stream unusable.
 		perr := &PeerError{Rank: to, Err: err}
-		m.fail(perr)
+		m.failWrite(p, perr)
 		_ = p.conn.Close()
-		return perr
+		return m.errOr(perr)
 	}
 	return nil
 }
@@ -91,6 +99,7 @@ func (m *Mesh) Probe(ctx context.Context, to int) (uint64, error) {
 
 func (m *Mesh) readLoop(p *peer) {
 	defer m.readers.Done()
+	defer close(p.readEnd)
 	for {
 		if err := m.readFrame(p); err != nil {
 			if !p.bye || err != io.EOF {
@@ -163,6 +172,19 @@ func (m *Mesh) handleFrame(p *peer, kind byte, tag, n uint64) error {
 			return err
 		}
 		m.tagFailed(&RemoteOpError{Rank: p.rank, Tag: tag, Code: b[0], Reason: string(b[1:])})
+	case kindAbort:
+		if n < 4 || n > maxReason {
+			return fmt.Errorf("abort notice of %d bytes", n)
+		}
+		b := make([]byte, n) // rare: the peer gave up
+		if _, err := io.ReadFull(p.r, b); err != nil {
+			return err
+		}
+		root := int(int32(binary.LittleEndian.Uint32(b)))
+		if root < 0 || root >= m.size {
+			root = p.rank
+		}
+		m.fail(&CauseError{Rank: root, Via: p.rank, Reason: string(b[4:])})
 	case kindProbeReply:
 		if n != 8 {
 			return fmt.Errorf("probe reply of %d bytes", n)

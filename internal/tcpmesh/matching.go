@@ -178,6 +178,7 @@ func (m *Mesh) irecv(peer int, tag uint64, buf []byte, elem int, combine func(ds
 	m.mu.Lock()
 	if err := m.refuseLocked(peer, tag); err != nil {
 		m.mu.Unlock()
+		m.notices.Wait() // a broken mesh's notices leave before its ops fail
 		return r.failNow(err)
 	}
 	var mg *msg

@@ -139,6 +139,7 @@ type Mesh struct {
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
 
+	notices sync.WaitGroup // abort notices in flight (notify)
 	readers sync.WaitGroup
 	reqPool sync.Pool
 	msgPool sync.Pool
@@ -162,6 +163,8 @@ type peer struct {
 	bye      bool
 	rdone    bool
 	unmapped bool // set under mapMu, wmu and rmu: any of them suffices to read it
+
+	readEnd chan struct{} // closed when the reader goroutine exits
 
 	rhdr [hdrLen]byte // the reader's header buffer (a field: no allocation per frame)
 	phdr [hdrLen]byte // poll's peeked header
@@ -299,6 +302,7 @@ func (m *Mesh) Close() error {
 		cancel()
 	}
 	m.fail(ErrClosed)
+	m.notices.Wait() // a failure's notices go out before the connections close
 	for _, p := range m.peers {
 		if p != nil {
 			_ = p.conn.CloseWrite() // FIN after what is queued, rather than a reset

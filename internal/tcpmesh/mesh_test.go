@@ -92,9 +92,9 @@ func TestShmPeerDeath(t *testing.T) {
 	go func() { done <- q.Wait(context.Background()) }()
 	select {
 	case err := <-done:
-		var pe *tcpmesh.PeerError
-		if !errors.As(err, &pe) || pe.Rank != 1 {
-			t.Fatalf("want a PeerError naming rank 1, got %v", err)
+		// The peer's abort notice names it as the cause.
+		if r, ok := tcpmesh.RootRank(err); !ok || r != 1 {
+			t.Fatalf("want an error naming rank 1, got %v", err)
 		}
 	case <-time.After(3 * time.Second):
 		t.Fatal("hang after the peer's death")
@@ -112,6 +112,38 @@ func TestShmPeerDeath(t *testing.T) {
 		}
 	case <-time.After(3 * time.Second):
 		t.Fatal("Abort did not unblock the waiter")
+	}
+}
+
+// TestRootCause: a rank that gives the mesh up because of another (its
+// connection to it failed, or its Abort names it) makes every peer's
+// pending and later receives fail naming that rank, never the follower,
+// on both transports; the notice arrives before the follower's
+// connections close.
+func TestRootCause(t *testing.T) {
+	for _, tr := range []string{"tcp", "shm"} {
+		t.Run(tr, func(t *testing.T) {
+			ms := connect(t, 4, tr)
+			// Rank 0 waits on rank 1, the follower; rank 3 on rank 2.
+			q0 := ms[0].Irecv(1, 5, make([]byte, 8))
+			q3 := ms[3].Irecv(1, 5, make([]byte, 8))
+			time.Sleep(20 * time.Millisecond)
+			ms[1].AbortBecause(errors.New("rank 2 died"), 2)
+			for r, q := range map[int]interface{ Wait(context.Context) error }{0: q0, 3: q3} {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				err := q.Wait(ctx)
+				cancel()
+				var ce *tcpmesh.CauseError
+				if !errors.As(err, &ce) || ce.Rank != 2 {
+					t.Fatalf("rank %d: want a CauseError naming rank 2, got %v", r, err)
+				}
+			}
+			// A later receive, from any peer, fails the same way.
+			err := ms[2].Irecv(0, 6, make([]byte, 8)).Wait(context.Background())
+			if r, ok := tcpmesh.RootRank(err); !ok || r != 2 {
+				t.Fatalf("rank 2's later receive: want rank 2 named, got %v", err)
+			}
+		})
 	}
 }
 

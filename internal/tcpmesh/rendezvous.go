@@ -67,7 +67,7 @@ func (m *Mesh) newPeer(rank int, c *net.TCPConn) *peer {
 		_ = c.SetWriteBuffer(m.cfg.SocketBuffer)
 	}
 	br := bufio.NewReaderSize(c, 256<<10)
-	return &peer{rank: rank, conn: c, br: br, r: br, wbuf: make([]byte, hdrLen+smallWrite)}
+	return &peer{rank: rank, conn: c, br: br, r: br, wbuf: make([]byte, hdrLen+smallWrite), readEnd: make(chan struct{})}
 }
 
 func (m *Mesh) acceptAll(ctx context.Context, ln *net.TCPListener, session uint64) error {

@@ -163,8 +163,8 @@ func (m *Mesh) writeShm(ctx context.Context, p *peer, kind byte, tag uint64, buf
 			// TCP write that timed out leaves it.
 			perr.Err = fmt.Errorf("write timed out: %w", err)
 		}
-		m.fail(perr)
-		return perr
+		m.failWrite(p, perr)
+		return m.errOr(perr)
 	}
 	return nil
 }
@@ -180,6 +180,7 @@ func framePad(n int) int { return -n & 7 }
 // then reads every whole frame there is.
 func (m *Mesh) shmReadLoop(p *peer) {
 	defer m.readers.Done()
+	defer close(p.readEnd)
 	in := p.pair.In
 	for {
 		werr := in.WaitData()
