@@ -421,7 +421,7 @@ func TestInitBarrierNamesMissingRanks(t *testing.T) {
 		if !errors.Is(err, backend.ErrTimeout) || !errors.As(err, &oe) || fmt.Sprint(oe.Ranks) != "[1]" {
 			t.Fatalf("rank %d: %v", r, err)
 		}
-		if !strings.Contains(err.Error(), "2 of 3 ranks arrived; never arrived: ranks [1]") {
+		if !strings.Contains(err.Error(), "2 of 3 ranks joined; never joined: ranks [1]") {
 			t.Fatalf("rank %d message: %v", r, err)
 		}
 	}

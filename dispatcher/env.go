@@ -186,6 +186,9 @@ func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	if env.UseAgentStore {
 		st, err = store.DialTCPStore(ctx, addr, copts)
 	} else {
+		// Rank 0 does not wait for the clients here: Init's one deadline
+		// covers the rendezvous, and its error names a rank that never came.
+		copts.NoWaitForWorkers = env.Rank == 0
 		st, err = store.NewTCPStore(ctx, addr, store.TCPStoreOptions{IsMaster: env.Rank == 0, ClientOptions: copts})
 	}
 	if err != nil {
@@ -206,6 +209,12 @@ func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	}
 	pg, err := Init(ctx, cfg)
 	if err != nil {
+		if env.Rank == 0 && !env.UseAgentStore {
+			// This rank hosts the store: keep it up a moment, so that the
+			// other ranks, which time out a little later, can still ask it
+			// which rank never joined.
+			time.Sleep(min(time.Second, cfg.Timeout/20))
+		}
 		st.Close()
 		return nil, err
 	}

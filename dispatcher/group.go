@@ -123,7 +123,9 @@ type slot struct {
 
 // Init creates the default process group: it checks the config, builds a
 // backend for every device type of the backend string, and waits in a store
-// barrier until every rank has arrived (unless SkipInitBarrier).
+// barrier until every rank has arrived (unless SkipInitBarrier). The
+// backends' wire-up and the barrier share one deadline, Config.Timeout
+// from the call; a rank that never called Init is named in the error.
 func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("dispatcher: %w: Config.Store is nil", backend.ErrInvalidArgument)
@@ -150,6 +152,17 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 		return nil, fmt.Errorf("dispatcher: %w", err)
 	}
 	pg.store = st
+	// One deadline for everything Init waits for (the backends' wire-up and
+	// the barrier): a rank that never comes is named once the timeout has
+	// passed, not after each wait's own timeout in turn.
+	deadline := time.Now().Add(cfg.Timeout)
+	ictx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if !cfg.SkipInitBarrier {
+		if err := pg.announce(ictx); err != nil {
+			return nil, err
+		}
+	}
 	fro, mono := cfg.FlightRecorder, cfg.Monitor
 	if fro.Entries > 0 {
 		if pg.recorder, err = newFlightRecorder(fro, cfg.Rank, cfg.WorldSize); err != nil {
@@ -157,7 +170,7 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 		}
 		pg.recorder.attach(pg)
 	}
-	if err := pg.build(ctx, nil); err != nil {
+	if err := pg.build(ictx, nil); err != nil {
 		pg.stopRecorder()
 		return nil, err
 	}
@@ -169,7 +182,7 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	}
 	pg.publishUID(ctx)
 	if !cfg.SkipInitBarrier {
-		if err := pg.storeBarrier(ctx, "init", cfg.Timeout); err != nil {
+		if err := pg.storeBarrier(ictx, "init", deadline); err != nil {
 			pg.Abort(ctx, err)
 			pg.Close(ctx)
 			return nil, err

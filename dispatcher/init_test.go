@@ -1,0 +1,94 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/store"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// "waitwire" is a backend whose wire-up waits for every rank, as cpupool's
+// mesh does: it blocks until ctx ends when a rank never comes.
+func init() {
+	backend.Register(backend.Driver{Name: "waitwire", Devices: []tensor.DeviceType{tensor.CPU}, New: func(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
+		keys := make([]string, cfg.WorldSize)
+		for r := range keys {
+			keys[r] = fmt.Sprintf("waitwire/%d", r)
+		}
+		if err := cfg.Store.Set(ctx, keys[cfg.Rank], []byte{1}); err != nil {
+			return nil, err
+		}
+		if err := cfg.Store.Wait(ctx, keys...); err != nil {
+			return nil, &backend.OpError{Op: "init", Rank: cfg.Rank, Backend: "waitwire", Kind: backend.ErrUnavailable, Err: err}
+		}
+		return nil, errors.New("waitwire: not meant to succeed")
+	}})
+}
+
+// A rank that never calls Init is named by every other rank once the Init
+// timeout has passed (+10 %), although the backend's wire-up waited for it
+// first: the wire-up and the barrier share one deadline.
+func TestInitOneDeadlineNamesRankThatNeverJoined(t *testing.T) {
+	st := store.NewHashStore()
+	const timeout = 500 * time.Millisecond
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	took := make([]time.Duration, 4)
+	for r := range 3 { // rank 3 never comes
+		wg.Go(func() {
+			t0 := time.Now()
+			_, errs[r] = Init(context.Background(), Config{Store: st, Rank: r, WorldSize: 4, Backend: "waitwire", Timeout: timeout})
+			took[r] = time.Since(t0)
+		})
+	}
+	wg.Wait()
+	for r := range 3 {
+		var oe *backend.OpError
+		if !errors.Is(errs[r], backend.ErrTimeout) || !errors.As(errs[r], &oe) || !slices.Equal(oe.Ranks, []int{3}) {
+			t.Fatalf("rank %d: want ErrTimeout naming rank 3, got %v", r, errs[r])
+		}
+		if !strings.Contains(errs[r].Error(), "3 of 4 ranks joined") {
+			t.Fatalf("rank %d message: %v", r, errs[r])
+		}
+		if took[r] > timeout*11/10 {
+			t.Fatalf("rank %d failed after %v, past the timeout %v + 10%%", r, took[r], timeout)
+		}
+	}
+}
+
+// failingCheck is a store whose Check fails for the keys of one rank.
+type failingCheck struct {
+	store.Store
+	bad string
+}
+
+func (s failingCheck) Check(ctx context.Context, keys ...string) (bool, error) {
+	for _, k := range keys {
+		if strings.HasSuffix(k, s.bad) {
+			return false, errors.New("connection reset")
+		}
+	}
+	return s.Store.Check(ctx, keys...)
+}
+
+// A barrier key that cannot be checked is never counted as an arrival:
+// the rank is named, and the message says why.
+func TestBarrierFailedCheckIsNotAnArrival(t *testing.T) {
+	st := failingCheck{Store: store.NewHashStore(), bad: "/1"}
+	_, err := Init(context.Background(), Config{Store: st, Rank: 0, WorldSize: 2, Backend: "reccpu", Timeout: 200 * time.Millisecond})
+	var oe *backend.OpError
+	if !errors.As(err, &oe) || !slices.Equal(oe.Ranks, []int{1}) {
+		t.Fatalf("want rank 1 named, got %v", err)
+	}
+	if strings.Contains(err.Error(), "2 of 2") || !strings.Contains(err.Error(), "could not check ranks [1]: connection reset") {
+		t.Fatalf("message: %v", err)
+	}
+}
