@@ -453,6 +453,7 @@ type job struct {
 	outputs []*tensor.Tensor
 	run     func(ctx context.Context, tag uint64) error
 	poll    tcpmesh.OpPoll
+	fp      tcpmesh.Fingerprint // what the op's frames say about it
 }
 
 func (b *Backend) worker() {
@@ -470,28 +471,25 @@ func (b *Backend) runJob(j *job) {
 	j.w.MarkStarted()
 	ctx := j.ctx
 	if j.tag != 0 && j.tag < p2pBit {
-		// This goroutine reads the op's messages itself (see OpPoll).
+		// This goroutine reads the op's messages itself (see OpPoll), and
+		// the op's frames carry its fingerprint.
+		j.poll.Tag, j.poll.FP = j.tag, j.fp
 		ctx = b.mesh.BeginOp(ctx, &j.poll)
 	}
 	err := j.run(ctx, j.tag)
 	b.mesh.EndOp(&j.poll)
 	if err != nil {
-		if j.tag != 0 && j.tag < p2pBit && sizeMismatch(err) {
-			// The peers may wait for messages this rank will not send
-			// now: tell them, so that every rank fails, not only this one.
-			b.mesh.FailTag(j.tag, tcpmesh.CodeSize, err)
-		}
+		raw := err
 		err = b.wrap(j, err)
+		if code, peer, ok := mismatchOf(raw); ok && j.tag != 0 && j.tag < p2pBit {
+			// The peers may wait for messages this rank will not send
+			// now: tell them, so that every rank fails, not only this one,
+			// with the same words.
+			b.mesh.FailTag(j.tag, code, peer, errors.New(detailOf(err)))
+		}
 	}
 	j.cancel()
 	j.w.Complete(j.outputs, err)
-}
-
-// sizeMismatch reports whether err is this rank's discovery that the ranks
-// passed buffers of different sizes.
-func sizeMismatch(err error) bool {
-	var ce *coll.SizeError
-	return errors.Is(err, tcpmesh.ErrSize) || errors.As(err, &ce)
 }
 
 func (b *Backend) usable(op backend.Op, seq uint64) error {
@@ -549,11 +547,12 @@ func (b *Backend) track(w backend.Work) []backend.Work {
 
 // collective issues a collective: it takes the tag on the caller's
 // goroutine and queues the job for the workers.
-func (b *Backend) collective(ctx context.Context, op backend.Op, m backend.Meta, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) (backend.Work, error) {
+func (b *Backend) collective(ctx context.Context, op backend.Op, m backend.Meta, fp tcpmesh.Fingerprint, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) (backend.Work, error) {
 	if err := b.usable(op, m.Seq); err != nil {
 		return nil, err
 	}
 	j := b.newJob(ctx, op, m, outputs, run)
+	j.fp = fp
 	j.tag = b.issued.Add(1)
 	b.track(j.w)
 	if !b.q.push(j) {
@@ -648,12 +647,12 @@ func (b *Backend) wrap(j *job, err error) error {
 	e := &backend.OpError{Op: j.op.String(), Seq: j.seq, Rank: b.cfg.Rank, Backend: Name, Err: err}
 	var pe *tcpmesh.PeerError
 	var ce *tcpmesh.CauseError
-	var tse *tcpmesh.SizeError
-	var cse *coll.SizeError
 	var roe *tcpmesh.RemoteOpError
 	var late *coll.LateRanksError
 	var arb *coll.ArbiterError
 	switch {
+	case b.mismatchKind(e, j, err):
+		// ErrInvalidArgument naming the two ranks (mismatch.go).
 	case errors.As(err, &late):
 		e.Kind, e.Ranks, e.Timeout, e.Err = backend.ErrTimeout, late.Ranks, late.Timeout, nil
 		e.Detail = late.Error()
@@ -668,18 +667,8 @@ func (b *Backend) wrap(j *job, err error) error {
 		e.Kind, e.Ranks = backend.ErrRemote, []int{ce.Rank}
 	case errors.As(err, &pe):
 		e.Kind, e.Ranks = backend.ErrRemote, []int{pe.Rank}
-	case errors.As(err, &tse):
-		e.Kind, e.Ranks = backend.ErrInvalidArgument, []int{tse.Rank}
-		e.Detail = "the ranks passed tensors of different sizes"
-	case errors.As(err, &cse):
-		e.Kind, e.Ranks = backend.ErrInvalidArgument, []int{cse.PeerRank}
-		e.Detail = "the ranks passed tensors of different sizes"
 	case errors.As(err, &roe):
 		e.Kind, e.Ranks = backend.ErrRemote, []int{roe.Rank}
-		if roe.Code == tcpmesh.CodeSize {
-			e.Kind = backend.ErrInvalidArgument
-			e.Detail = "the ranks passed tensors of different sizes (found by another rank)"
-		}
 	case j.ctx != nil && errors.Is(j.ctx.Err(), context.DeadlineExceeded):
 		e.Kind, e.Timeout = backend.ErrTimeout, j.timeout
 		e.Ranks = b.lateRanks(j)

@@ -71,7 +71,8 @@ func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tens
 		return nil, b.invalid(backend.OpBroadcast, m, "invalid root tensor")
 	}
 	src := bufs[opts.RootTensor]
-	return b.collective(ctx, backend.OpBroadcast, m, tensors, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(backend.OpBroadcast, tensors[opts.RootTensor].DType(), nil, tensors[opts.RootTensor].Numel())
+	return b.collective(ctx, backend.OpBroadcast, m, fp, tensors, func(ctx context.Context, tag uint64) error {
 		if err := coll.Broadcast(ctx, b.comm, tag, src, opts.RootRank); err != nil {
 			return err
 		}
@@ -97,7 +98,8 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 	if err != nil {
 		return nil, err
 	}
-	return b.collective(ctx, backend.OpAllreduce, m, tensors, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(backend.OpAllreduce, tensors[0].DType(), &opts.ReduceOp, tensors[0].Numel())
+	return b.collective(ctx, backend.OpAllreduce, m, fp, tensors, func(ctx context.Context, tag uint64) error {
 		buf := combineLocal(k, bufs, 0)
 		if err := coll.Allreduce(ctx, b.comm, tag, buf, k); err != nil {
 			return err
@@ -162,7 +164,8 @@ func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensor
 	if err != nil {
 		return nil, err
 	}
-	return b.collective(ctx, backend.OpAllreduceCoalesced, m, tensors, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(backend.OpAllreduceCoalesced, tensors[0].DType(), &opts.ReduceOp, numel(tensors))
+	return b.collective(ctx, backend.OpAllreduceCoalesced, m, fp, tensors, func(ctx context.Context, tag uint64) error {
 		packed := b.pack(bufs)
 		defer b.pool.Put(packed)
 		if k.Pre != nil {
@@ -190,7 +193,8 @@ func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.
 	if err != nil {
 		return nil, err
 	}
-	return b.collective(ctx, backend.OpReduce, m, tensors, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(backend.OpReduce, tensors[0].DType(), &opts.ReduceOp, tensors[opts.RootTensor].Numel())
+	return b.collective(ctx, backend.OpReduce, m, fp, tensors, func(ctx context.Context, tag uint64) error {
 		buf := combineLocal(k, bufs, opts.RootTensor)
 		if err := coll.Reduce(ctx, b.comm, tag, buf, k, opts.RootRank); err != nil {
 			return err
@@ -210,7 +214,8 @@ func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*te
 	if err != nil {
 		return nil, err
 	}
-	return b.collective(ctx, op, m, outputs[0], func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(op, inputs[0].DType(), nil, numel(outputs[0]))
+	return b.collective(ctx, op, m, fp, outputs[0], func(ctx context.Context, tag uint64) error {
 		copy(blocks[b.cfg.Rank], in[0])
 		return coll.Allgather(ctx, b.comm, tag, blocks)
 	})
@@ -231,7 +236,8 @@ func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, outpu
 	for i := range blocks {
 		blocks[i] = out[i*len(in) : (i+1)*len(in)]
 	}
-	return b.collective(ctx, op, m, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(op, input.DType(), nil, output.Numel())
+	return b.collective(ctx, op, m, fp, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
 		copy(blocks[b.cfg.Rank], in)
 		return coll.Allgather(ctx, b.comm, tag, blocks)
 	})
@@ -284,7 +290,8 @@ func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, output
 			}
 		}
 	}
-	return b.collective(ctx, op, m, flat(outputs), func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(op, inputs[0].DType(), nil, numel(flat(outputs)))
+	return b.collective(ctx, op, m, fp, flat(outputs), func(ctx context.Context, tag uint64) error {
 		return b.gatherPacked(ctx, tag, ins, func(r int, blk []byte) {
 			off := 0
 			for i := range outs {
@@ -313,7 +320,8 @@ func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Me
 			return nil, b.invalid(op, m, "output tensor size must be equal to world_size times input tensor size")
 		}
 	}
-	return b.collective(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(op, inputs[0].DType(), nil, numel(outputs))
+	return b.collective(ctx, op, m, fp, outputs, func(ctx context.Context, tag uint64) error {
 		return b.gatherPacked(ctx, tag, ins, func(r int, blk []byte) {
 			off := 0
 			for i := range outs {
@@ -368,7 +376,8 @@ func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*
 	for i, x := range ins {
 		sizes[i] = len(x)
 	}
-	return b.collective(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(op, outputs[0].DType(), &opts.ReduceOp, numel(inputs[0]))
+	return b.collective(ctx, op, m, fp, outputs, func(ctx context.Context, tag uint64) error {
 		own, free, err := b.reduceScatterPacked(ctx, tag, k, sizes, func(p []byte) { unpackInto(p, ins) })
 		if err != nil {
 			return err
@@ -406,7 +415,8 @@ func (b *Backend) ReduceScatterTensor(ctx context.Context, m backend.Meta, outpu
 	for i := range sizes {
 		sizes[i] = len(out)
 	}
-	return b.collective(ctx, op, m, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(op, output.DType(), &opts.ReduceOp, input.Numel())
+	return b.collective(ctx, op, m, fp, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
 		own, free, err := b.reduceScatterPacked(ctx, tag, k, sizes, func(p []byte) { copy(p, in) })
 		if err != nil {
 			return err
@@ -448,7 +458,8 @@ func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Me
 	for i := range sizes {
 		sizes[i] = S
 	}
-	return b.collective(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(op, inputs[0].DType(), &opts.ReduceOp, numel(inputs))
+	return b.collective(ctx, op, m, fp, outputs, func(ctx context.Context, tag uint64) error {
 		own, free, err := b.reduceScatterPacked(ctx, tag, k, sizes, func(p []byte) {
 			off := 0
 			for r := range n {
@@ -484,7 +495,9 @@ func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tenso
 	if len(outs[b.cfg.Rank]) != len(ins[b.cfg.Rank]) {
 		return nil, b.invalid(op, m, "invalid tensor size: this rank's input and output pieces differ")
 	}
-	return b.collective(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
+	// The ranks' counts differ legitimately: only the op and dtype are compared.
+	fp := fingerprint(op, inputs[0].DType(), nil, -1)
+	return b.collective(ctx, op, m, fp, outputs, func(ctx context.Context, tag uint64) error {
 		return coll.Alltoall(ctx, b.comm, tag, outs, ins)
 	})
 }
@@ -544,7 +557,8 @@ func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tens
 	if len(outs[b.cfg.Rank]) != len(ins[b.cfg.Rank]) {
 		return nil, b.invalid(op, m, "invalid split sizes: this rank's input and output parts differ")
 	}
-	return b.collective(ctx, op, m, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(op, input.DType(), nil, -1)
+	return b.collective(ctx, op, m, fp, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
 		return coll.Alltoall(ctx, b.comm, tag, outs, ins)
 	})
 }
@@ -617,7 +631,8 @@ func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tenso
 		result = outputs[0]
 	}
 	B := len(in[0])
-	return b.collective(ctx, op, m, result, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(op, inputs[0].DType(), nil, inputs[0].Numel())
+	return b.collective(ctx, op, m, fp, result, func(ctx context.Context, tag uint64) error {
 		var all []byte
 		if root {
 			all = b.pool.Get(B * b.cfg.WorldSize)
@@ -641,7 +656,8 @@ func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor
 	if err != nil {
 		return nil, err
 	}
-	return b.collective(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
+	fp := fingerprint(op, outputs[0].DType(), nil, outputs[0].Numel())
+	return b.collective(ctx, op, m, fp, outputs, func(ctx context.Context, tag uint64) error {
 		var all []byte
 		if root {
 			all = b.pack(ins)
@@ -659,6 +675,7 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 		return nil, err
 	}
 	j := b.newJob(ctx, op, m, nil, nil)
+	j.fp = fingerprint(op, 0, nil, 0)
 	j.tag = b.issued.Add(1)
 	earlier := b.track(j.w)
 	j.run = func(ctx context.Context, tag uint64) error {
@@ -703,4 +720,29 @@ func (b *Backend) MonitoredBarrier(ctx context.Context, m backend.Meta, opts bac
 	}
 	go b.runJob(j)
 	return j.w, nil
+}
+
+// fingerprint describes an op in its frames' headers (tcpmesh.Fingerprint),
+// so that a rank whose peers passed another op, dtype, reduce op or
+// element count finds out at the first message, before it reduces bits of
+// the wrong type. count is the op's element count, the same on every rank
+// (negative: the ranks' counts may differ, as in all-to-all).
+func fingerprint(op backend.Op, dt tensor.DType, r *backend.ReduceOp, count int) tcpmesh.Fingerprint {
+	fp := tcpmesh.Fingerprint{Op: uint8(op) + 1, DType: uint8(dt), Count: uint64(count)}
+	if count < 0 {
+		fp.Count = tcpmesh.AnyCount
+	}
+	if r != nil {
+		fp.ReduceOp = uint8(r.Type) + 1
+	}
+	return fp
+}
+
+// numel is the element count of a list of tensors.
+func numel(ts []*tensor.Tensor) int {
+	n := 0
+	for _, t := range ts {
+		n += t.Numel()
+	}
+	return n
 }

@@ -40,14 +40,17 @@ const (
 	CodeOther = 0
 	// CodeSize is a size mismatch between the ranks' buffers.
 	CodeSize = 1
+	// CodeMismatch is a disagreement on the op itself (MismatchError).
+	CodeMismatch = 2
 )
 
 // RemoteOpError fails the receives of an op that a peer gave up (FailTag):
 // the peer will not send the rest, so waiting would only hang.
 type RemoteOpError struct {
 	Rank   int    // the rank that gave up
+	Peer   int    // the rank it found at odds with it (size or op mismatch); -1 if none
 	Tag    uint64 // the op's tag
-	Code   byte   // CodeSize or CodeOther
+	Code   byte   // CodeSize, CodeMismatch or CodeOther
 	Reason string // the peer's error text
 }
 
@@ -108,17 +111,21 @@ func RootRank(err error) (int, bool) {
 const noticeBound = 200 * time.Millisecond
 
 // FailTag tells every peer that this rank gave up the op with tag (for
-// the reason err, of kind code), so that their receives of it fail with a
-// *RemoteOpError instead of waiting for messages that will not come. Best
-// effort, bounded by a second per peer.
-func (m *Mesh) FailTag(tag uint64, code byte, err error) {
+// the reason err, of kind code, having found rank peer at odds with it, or
+// -1), so that their receives of it fail with a *RemoteOpError instead of
+// waiting for messages that will not come. Best effort, bounded by a
+// second per peer.
+func (m *Mesh) FailTag(tag uint64, code byte, peer int, err error) {
 	reason := err.Error()
-	if len(reason) > maxReason-1 {
-		reason = reason[:maxReason-1]
+	if len(reason) > maxReason-5 {
+		reason = reason[:maxReason-5]
 	}
-	b := append([]byte{code}, reason...)
+	b := make([]byte, 5, 5+len(reason))
+	b[0] = code
+	binary.LittleEndian.PutUint32(b[1:], uint32(int32(peer)))
+	b = append(b, reason...)
 	// Locally too: stragglers of the op that arrive later are dropped.
-	m.tagFailed(&RemoteOpError{Rank: m.rank, Tag: tag, Code: code, Reason: reason})
+	m.tagFailed(&RemoteOpError{Rank: m.rank, Peer: peer, Tag: tag, Code: code, Reason: reason})
 	var wg sync.WaitGroup
 	for _, p := range m.peers {
 		if p == nil {
@@ -335,7 +342,7 @@ func (m *Mesh) notify(root int, err error) {
 			defer func() { done <- struct{}{} }()
 			ctx, cancel := context.WithTimeout(context.Background(), noticeBound)
 			defer cancel()
-			_ = m.writeFrame(ctx, p, kindAbort, 0, b)
+			_ = m.writeFrame(ctx, p, kindAbort, 0, b, Fingerprint{})
 		}()
 	}
 	t := time.NewTimer(noticeBound)

@@ -14,10 +14,10 @@ const (
 	kindProbe      = 2 // tag: probe id; no payload
 	kindProbeReply = 3 // tag: probe id; payload: 8-byte value
 	kindBye        = 4 // the peer closes in order; no payload
-	kindFail       = 5 // tag: an op the peer gave up; payload: 1 byte code, then the reason
+	kindFail       = 5 // tag: an op the peer gave up; payload: 1 byte code, 4-byte peer rank, then the reason
 	kindAbort      = 6 // the peer gives the mesh up; payload: 4-byte root-cause rank, then the reason
 	maxReason      = 4 << 10
-	hdrLen         = 24
+	hdrLen         = 32
 	helloMagic     = 0x67636f6c // "gcol"
 	smallWrite     = 32 << 10   // payloads up to this are copied next to the header: one syscall
 )
@@ -35,17 +35,21 @@ func (m *Mesh) write(ctx context.Context, to int, kind byte, tag uint64, buf []b
 		m.notices.Wait() // a broken mesh's notices leave before its ops fail
 		return err
 	}
-	return m.writeFrame(ctx, m.peers[to], kind, tag, buf)
+	var fp Fingerprint
+	if kind == kindData {
+		fp = fingerprintFor(ctx, tag)
+	}
+	return m.writeFrame(ctx, m.peers[to], kind, tag, buf, fp)
 }
 
 // writeFrame writes one frame to p whether or not the mesh is broken (the
 // abort notice goes out after it broke).
-func (m *Mesh) writeFrame(ctx context.Context, p *peer, kind byte, tag uint64, buf []byte) error {
+func (m *Mesh) writeFrame(ctx context.Context, p *peer, kind byte, tag uint64, buf []byte, fp Fingerprint) error {
 	to := p.rank
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
 	if p.pair != nil {
-		return m.writeShm(ctx, p, kind, tag, buf)
+		return m.writeShm(ctx, p, kind, tag, buf, fp)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = p.conn.SetWriteDeadline(dl)
@@ -54,7 +58,7 @@ func (m *Mesh) writeFrame(ctx context.Context, p *peer, kind byte, tag uint64, b
 		_ = p.conn.SetWriteDeadline(time.Time{})
 		p.dl = false
 	}
-	h := m.header(p, kind, tag, len(buf))
+	h := m.header(p, kind, tag, len(buf), fp)
 	var err error
 	if len(buf) <= smallWrite {
 		n := copy(p.wbuf, h)
@@ -69,6 +73,13 @@ func (m *Mesh) writeFrame(ctx context.Context, p *peer, kind byte, tag uint64, b
 		perr := &PeerError{Rank: to, Err: err}
 		m.failWrite(p, perr)
 		_ = p.conn.Close()
+		if kind == kindData {
+			// The op failed already (a mismatch, this rank's or the
+			// peer's): that is why the peer left.
+			if terr := m.tagError(tag); terr != nil {
+				return terr
+			}
+		}
 		return m.errOr(perr)
 	}
 	return nil
@@ -111,10 +122,12 @@ func (m *Mesh) readLoop(p *peer) {
 }
 
 // header fills p's header buffer (its writer's: p.wmu is held) for a frame
-// of kind and tag with an n-byte payload: kind, source rank, tag, length.
-func (m *Mesh) header(p *peer, kind byte, tag uint64, n int) []byte {
+// of kind and tag with an n-byte payload: kind, the fingerprint's op, dtype
+// and reduce op, source rank, tag, length, the fingerprint's count.
+func (m *Mesh) header(p *peer, kind byte, tag uint64, n int, fp Fingerprint) []byte {
 	h := p.hdr[:]
 	h[0] = kind
+	fp.put(h)
 	binary.LittleEndian.PutUint32(h[4:], uint32(m.rank))
 	binary.LittleEndian.PutUint64(h[8:], tag)
 	binary.LittleEndian.PutUint64(h[16:], uint64(n))
@@ -134,20 +147,21 @@ func (m *Mesh) readFrame(p *peer) error {
 	if src != p.rank {
 		return fmt.Errorf("frame claims source %d", src)
 	}
+	fp := fingerprintOf(h)
 	if p.pair != nil {
-		if err := m.handleFrame(p, kind, tag, n); err != nil {
+		if err := m.handleFrame(p, kind, tag, n, fp); err != nil {
 			return err
 		}
 		return p.pair.In.Skip(framePad(int(n)))
 	}
-	return m.handleFrame(p, kind, tag, n)
+	return m.handleFrame(p, kind, tag, n, fp)
 }
 
 // handleFrame handles one frame whose header has been read.
-func (m *Mesh) handleFrame(p *peer, kind byte, tag, n uint64) error {
+func (m *Mesh) handleFrame(p *peer, kind byte, tag, n uint64, fp Fingerprint) error {
 	switch kind {
 	case kindData:
-		return m.deliver(p, tag, n)
+		return m.deliver(p, tag, n, fp)
 	case kindProbe:
 		go func() {
 			var val uint64
@@ -164,14 +178,18 @@ func (m *Mesh) handleFrame(p *peer, kind byte, tag, n uint64) error {
 		p.bye = true
 		m.peerGone(p.rank)
 	case kindFail:
-		if n < 1 || n > maxReason {
+		if n < 5 || n > maxReason {
 			return fmt.Errorf("failure notice of %d bytes", n)
 		}
 		b := make([]byte, n) // rare: an op failed
 		if _, err := io.ReadFull(p.r, b); err != nil {
 			return err
 		}
-		m.tagFailed(&RemoteOpError{Rank: p.rank, Tag: tag, Code: b[0], Reason: string(b[1:])})
+		peer := int(int32(binary.LittleEndian.Uint32(b[1:])))
+		if peer < -1 || peer >= m.size {
+			peer = -1
+		}
+		m.tagFailed(&RemoteOpError{Rank: p.rank, Peer: peer, Tag: tag, Code: b[0], Reason: string(b[5:])})
 	case kindAbort:
 		if n < 4 || n > maxReason {
 			return fmt.Errorf("abort notice of %d bytes", n)

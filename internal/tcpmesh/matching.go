@@ -14,7 +14,7 @@ type key struct {
 
 // deliver reads one data frame's payload: into a posted receive, or into
 // a pooled buffer queued as unexpected.
-func (m *Mesh) deliver(p *peer, tag uint64, n uint64) error {
+func (m *Mesh) deliver(p *peer, tag uint64, n uint64, fp Fingerprint) error {
 	k := key{p.rank, tag}
 	m.mu.Lock()
 	if m.broken != nil {
@@ -29,12 +29,19 @@ func (m *Mesh) deliver(p *peer, tag uint64, n uint64) error {
 		r.state = stateClaimed
 		r.src = p.rank
 		m.mu.Unlock()
-		if n != uint64(len(r.buf)) {
+		if bad := fp.mismatch(r.fp); bad || n != uint64(len(r.buf)) {
+			// Refused before anything is read into (or reduced into) the
+			// receive's buffer: the op's description first, the size next.
 			if _, err := io.CopyN(io.Discard, p.r, int64(n)); err != nil {
 				r.complete(&PeerError{Rank: p.rank, Err: err})
 				return err
 			}
-			r.complete(&SizeError{Rank: p.rank, Tag: tag, Got: int(n), Want: len(r.buf)})
+			var err error = &SizeError{Rank: p.rank, Tag: tag, Got: int(n), Want: len(r.buf)}
+			if bad {
+				err = &MismatchError{Rank: p.rank, Tag: tag, Theirs: fp, Ours: r.fp}
+			}
+			m.refuseTag(tag, err)
+			r.complete(err)
 			return nil
 		}
 		var err error
@@ -61,7 +68,7 @@ func (m *Mesh) deliver(p *peer, tag uint64, n uint64) error {
 		return fmt.Errorf("unexpected message of %d bytes exceeds the %d-byte limit", n, m.cfg.MaxMessage)
 	}
 	mg := m.msgPool.Get().(*msg)
-	mg.src, mg.tag, mg.ready, mg.waiter, mg.err = p.rank, tag, false, nil, nil
+	mg.src, mg.tag, mg.ready, mg.waiter, mg.err, mg.fp = p.rank, tag, false, nil, nil, fp
 	m.arrivals++
 	mg.seq = m.arrivals
 	pushTo(m.unexpected, k, mg)
@@ -118,6 +125,8 @@ func (m *Mesh) fill(r *Req, mg *msg) {
 	switch {
 	case mg.err != nil:
 		err = mg.err
+	case mg.fp.mismatch(r.fp):
+		err = &MismatchError{Rank: mg.src, Tag: mg.tag, Theirs: mg.fp, Ours: r.fp}
 	case len(mg.buf) != len(r.buf):
 		err = &SizeError{Rank: mg.src, Tag: mg.tag, Got: len(mg.buf), Want: len(r.buf)}
 	default:
@@ -126,6 +135,9 @@ func (m *Mesh) fill(r *Req, mg *msg) {
 		} else {
 			copy(r.buf, mg.buf)
 		}
+	}
+	if err != nil && mg.err == nil {
+		m.refuseTag(mg.tag, err)
 	}
 	r.src = mg.src
 	m.pool.Put(mg.buf)
@@ -176,6 +188,9 @@ func (m *Mesh) irecv(peer int, tag uint64, buf []byte, elem int, combine func(ds
 	r := m.newReq(peer, tag, buf)
 	r.elem, r.combine = elem, combine
 	m.mu.Lock()
+	if len(m.fps) > 0 {
+		r.fp = m.fps[tag]
+	}
 	if err := m.refuseLocked(peer, tag); err != nil {
 		m.mu.Unlock()
 		m.notices.Wait() // a broken mesh's notices leave before its ops fail
@@ -222,6 +237,27 @@ func (m *Mesh) irecv(peer int, tag uint64, buf []byte, elem int, combine func(ds
 	return r
 }
 
+// refuseTag records that this rank refused a message of the op under tag
+// (err: a mismatch): the op's later receives fail with err at once, its
+// stragglers are dropped, and a send of it that fails because the peer
+// has left with the failure reports err, the cause, rather than the
+// broken connection.
+func (m *Mesh) refuseTag(tag uint64, err error) {
+	m.mu.Lock()
+	if m.failed[tag] == nil {
+		m.failed[tag] = err
+	}
+	m.mu.Unlock()
+}
+
+// tagError returns what made this rank or a peer give up the op under tag,
+// or nil.
+func (m *Mesh) tagError(tag uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.failed[tag]
+}
+
 // msg is a message that arrived before its receive was posted.
 type msg struct {
 	src    int
@@ -230,6 +266,7 @@ type msg struct {
 	buf    []byte
 	ready  bool
 	err    error
+	fp     Fingerprint // the sender's description of the op
 	waiter *Req
 	next   *msg
 }

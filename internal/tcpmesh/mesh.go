@@ -8,8 +8,11 @@
 // size, so connections from another job or group are refused. Both sides
 // give up at the connect deadline.
 //
-// Wire: every message is one frame, a 24-byte header (kind, source rank,
-// tag, payload length; little-endian) and the payload. One reader
+// Wire: every message is one frame, a 32-byte header (kind, the op's
+// fingerprint, source rank, tag, payload length, the op's element count;
+// little-endian) and the payload. The fingerprint (Fingerprint: op, dtype,
+// reduce op, count) lets a receiver refuse a message of an op described
+// differently before it reads the payload. One reader
 // goroutine per connection matches frames with posted receives by (source,
 // tag), in order, and reads the payload straight into the receive's buffer;
 // a frame nobody waits for yet is read into a pooled buffer and copied when
@@ -133,9 +136,10 @@ type Mesh struct {
 	unexpected map[key]fifo[*msg]
 	arrivals   uint64 // arrival counter, orders unexpected messages for anysource
 	broken     error
-	gone       []error                   // per peer: closed in order
-	failed     map[uint64]*RemoteOpError // tags that a peer gave up
-	shmPeers   int                       // peers reached through shared memory
+	gone       []error                // per peer: closed in order
+	failed     map[uint64]error       // tags a peer gave up (*RemoteOpError), or whose messages this rank refused
+	fps        map[uint64]Fingerprint // the running ops' fingerprints, by tag (BeginOp)
+	shmPeers   int                    // peers reached through shared memory
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
 
@@ -212,7 +216,8 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 		unexpected: map[key]fifo[*msg]{},
 		probes:     map[uint64]chan uint64{},
 		gone:       make([]error, cfg.Size),
-		failed:     map[uint64]*RemoteOpError{},
+		failed:     map[uint64]error{},
+		fps:        map[uint64]Fingerprint{},
 	}
 	if m.pool == nil {
 		m.pool = &coll.Pool{}

@@ -13,8 +13,15 @@ import (
 // otherwise race the op's goroutine for the frames and cost a thread
 // wake-up per message. Wait and Send release it while they block.
 type OpPoll struct {
-	m    *Mesh
-	held bool
+	// Tag and FP, when FP.Op is set, are the op's tag and fingerprint:
+	// its data frames carry FP, and receives under Tag compare the
+	// senders' fingerprints with it (see Fingerprint).
+	Tag uint64
+	FP  Fingerprint
+
+	m          *Mesh
+	held       bool
+	registered bool
 }
 
 type opPollKey struct{}
@@ -24,12 +31,24 @@ type opPollKey struct{}
 // context. op is the caller's storage, so the announcement allocates only
 // the context. It does nothing when polling is off or no peer shares
 // memory.
+//
+// With op.FP set, it also registers the op's fingerprint under op.Tag
+// until EndOp: the op's frames carry it, and its receives check theirs.
 func (m *Mesh) BeginOp(ctx context.Context, op *OpPoll) context.Context {
-	if m.cfg.PollSpin < 0 || m.shmPeers == 0 {
+	poll := m.cfg.PollSpin >= 0 && m.shmPeers > 0
+	if op.FP.Op != 0 && m.size > 1 {
+		m.mu.Lock()
+		m.fps[op.Tag] = op.FP
+		m.mu.Unlock()
+		op.registered = true
+	}
+	if !poll && !op.registered {
 		return ctx
 	}
 	op.m = m
-	op.acquire()
+	if poll {
+		op.acquire()
+	}
 	return context.WithValue(ctx, opPollKey{}, op)
 }
 
@@ -37,6 +56,12 @@ func (m *Mesh) BeginOp(ctx context.Context, op *OpPoll) context.Context {
 func (m *Mesh) EndOp(op *OpPoll) {
 	if op.m != nil && op.held {
 		op.release()
+	}
+	if op.registered {
+		m.mu.Lock()
+		delete(m.fps, op.Tag)
+		m.mu.Unlock()
+		op.registered = false
 	}
 }
 

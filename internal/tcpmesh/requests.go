@@ -27,12 +27,15 @@ type Req struct {
 	// it (IrecvReduce); elem is the element size it works in.
 	combine func(dst, src []byte)
 	elem    int
+	// fp is this rank's fingerprint of the op under tag (BeginOp), which
+	// the message's must match.
+	fp Fingerprint
 }
 
 // newReq takes a receive from the pool, set up for buf from peer under tag.
 func (m *Mesh) newReq(peer int, tag uint64, buf []byte) *Req {
 	r := m.reqPool.Get().(*Req)
-	r.peer, r.tag, r.buf, r.src, r.err, r.next = peer, tag, buf, peer, nil, nil
+	r.peer, r.tag, r.buf, r.src, r.err, r.next, r.fp = peer, tag, buf, peer, nil, nil, Fingerprint{}
 	return r
 }
 

@@ -140,11 +140,11 @@ func readStr(c net.Conn) (string, error) {
 }
 
 // writeShm writes one frame into the peer's ring; p.wmu is held.
-func (m *Mesh) writeShm(ctx context.Context, p *peer, kind byte, tag uint64, buf []byte) error {
+func (m *Mesh) writeShm(ctx context.Context, p *peer, kind byte, tag uint64, buf []byte, fp Fingerprint) error {
 	if p.unmapped {
 		return m.errOr(ErrClosed)
 	}
-	h := m.header(p, kind, tag, len(buf))
+	h := m.header(p, kind, tag, len(buf), fp)
 	pad := framePad(len(buf))
 	if !p.pair.Out.Fits(hdrLen + len(buf) + pad) {
 		// The write will wait for the peer to make room: let this rank's
@@ -164,13 +164,18 @@ func (m *Mesh) writeShm(ctx context.Context, p *peer, kind byte, tag uint64, buf
 			perr.Err = fmt.Errorf("write timed out: %w", err)
 		}
 		m.failWrite(p, perr)
+		if kind == kindData {
+			if terr := m.tagError(tag); terr != nil {
+				return terr
+			}
+		}
 		return m.errOr(perr)
 	}
 	return nil
 }
 
 // framePad is the padding after a payload of n bytes in a shared ring: it
-// keeps every frame, and so every payload (after the 24-byte header), at a
+// keeps every frame, and so every payload (after the 32-byte header), at a
 // multiple of 8 bytes in the ring, so an element never straddles the
 // ring's end and combining in place sees aligned elements.
 func framePad(n int) int { return -n & 7 }
