@@ -134,6 +134,9 @@ func (pg *ProcessGroup) begin(ctx context.Context, op backend.Op, dev tensor.Dev
 	if err != nil {
 		return opCall{}, &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrUnavailable, Err: err}
 	}
+	if ops := pg.backends[dev.Type].ops; ops != nil {
+		b = ops // the debug check, when it is on
+	}
 	if timeout == 0 {
 		timeout = pg.timeout
 	}

@@ -344,6 +344,9 @@ func resolveConfig(cfg Config, env knob.Env) (Config, error) {
 	flag(&mo.Disable, knobNoMonitor)
 	dur(&mo.HeartbeatTimeout, knobHeartbeat)
 	dur(&mo.CoordCheck, knobCoordCheck)
+	if err == nil {
+		err = resolveDebug(&cfg, env) // debug.go
+	}
 	if err != nil {
 		return cfg, fmt.Errorf("dispatcher: %w: %w", backend.ErrInvalidArgument, err)
 	}

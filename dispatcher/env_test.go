@@ -158,8 +158,8 @@ func TestREADMEListsVariables(t *testing.T) {
 	if _, err := resolveConfig(Config{}, func(n string) (string, bool) { read = append(read, n); return "", false }); err != nil {
 		t.Fatal(err)
 	}
-	if len(read) != 14 {
-		t.Fatalf("%d variables read, want 14: %v", len(read), read)
+	if len(read) != 16 {
+		t.Fatalf("%d variables read, want 16: %v", len(read), read)
 	}
 	var torchrun []string
 	if _, err := readEnv(func(n string) (string, bool) {

@@ -76,6 +76,16 @@ type Config struct {
 	// analyze` tells one job's dumps from another's. InitFromEnv sets it
 	// from TORCHELASTIC_RUN_ID when empty.
 	RunID string
+	// Debug is PyTorch's TORCH_DISTRIBUTED_DEBUG: "off" (the default),
+	// "info" or "detail", case-insensitive (GOCOLL_DEBUG, or
+	// TORCH_DISTRIBUTED_DEBUG). Under "detail" every collective's
+	// fingerprint (op, dtype, element count, root, reduce op) is compared
+	// across the ranks through the group's store before the backend sees
+	// the op, for every backend: ranks that disagree fail the op on every
+	// rank with ErrInvalidArgument naming them and what each passed. It
+	// costs a few store round trips per collective and makes issuing wait
+	// for every rank: a debugging aid.
+	Debug string
 	// Monitor configures the heartbeat monitor, on by default; the
 	// GOCOLL_ENABLE_MONITORING, GOCOLL_HEARTBEAT_TIMEOUT_SEC and
 	// GOCOLL_COORD_CHECK_MILSEC variables (or their TORCH_NCCL_ names)
@@ -119,6 +129,9 @@ type slot struct {
 	name string
 	b    backend.Backend
 	err  error
+	// ops is what the ops go to: b, or b behind the fingerprint check
+	// (Config.Debug "detail").
+	ops backend.Backend
 }
 
 // Init creates the default process group: it checks the config, builds a
@@ -248,7 +261,10 @@ func (pg *ProcessGroup) build(ctx context.Context, parent *ProcessGroup) error {
 				return err
 			}
 		}
-		pg.backends[dt] = slot{name: name, b: b, err: err}
+		pg.backends[dt] = slot{name: name, b: b, err: err, ops: b}
+		if b != nil && pg.cfg.Debug == DebugDetail {
+			pg.backends[dt].ops = &checked{Backend: b, pg: pg}
+		}
 	}
 	return nil
 }
