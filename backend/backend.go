@@ -131,6 +131,12 @@ type Capabilities struct {
 	GraphCapture bool
 	// UnevenSizes: uneven allgather/reduce_scatter output lists work.
 	UnevenSizes bool
+	// MismatchChecks: the backend itself finds ranks that pass one
+	// collective different ops, dtypes, reduce ops or element counts (its
+	// messages carry them), and fails the op on every rank with
+	// ErrInvalidArgument. Without it, only the dispatcher's debug check
+	// (Config.Debug "detail") finds them.
+	MismatchChecks bool
 }
 
 // SupportsDType reports whether dt is in c.DTypes.

@@ -147,6 +147,9 @@ func runChild(cfg childConfig) error {
 			}
 		}
 	}
+	if cfg.Scenario == "nojoin" {
+		return c.noJoin(dcfg) // child_faults.go: one rank never calls Init
+	}
 	if c.PG, err = dispatcher.Init(bg, dcfg); err != nil {
 		return err
 	}
@@ -173,6 +176,10 @@ func runChild(cfg childConfig) error {
 		warm, run = 1, c.kill
 	case cfg.Scenario == "abort":
 		run = c.abort
+	case strings.HasPrefix(cfg.Scenario, "killone-"):
+		warm, run = 1, c.killOne // child_faults.go
+	case strings.HasPrefix(cfg.Scenario, "mismatch-"):
+		run = c.mismatch // child_faults.go
 	default:
 		for _, ext := range c.ext {
 			if sc, ok := ext.Scenarios[cfg.Scenario]; ok {

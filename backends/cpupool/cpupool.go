@@ -258,6 +258,7 @@ func (b *Backend) Capabilities() backend.Capabilities {
 		BitwiseReductions: true,
 		Timing:            true,
 		UnevenSizes:       true,
+		MismatchChecks:    true,
 	}
 }
 
