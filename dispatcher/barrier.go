@@ -40,6 +40,7 @@ func (pg *ProcessGroup) storeBarrier(ctx context.Context, name string, deadline 
 		keys[r] = prefix + strconv.Itoa(r)
 	}
 	err := pg.store.Set(wctx, keys[pg.rank], []byte{1})
+	arrived := err == nil // else the deadline passed before this rank came (its backends' wire-up took it)
 	if err == nil {
 		if err = pg.store.Wait(wctx, keys...); err == nil {
 			return nil
@@ -72,7 +73,7 @@ func (pg *ProcessGroup) storeBarrier(ctx context.Context, name string, deadline 
 		if never, _, _ := pg.absent(cctx, joined); len(never) > 0 {
 			e.Ranks = never
 			late := ""
-			if l := without(missing, never); len(l) > 0 {
+			if l := without(missing, never); len(l) > 0 && arrived {
 				late = fmt.Sprintf(" (ranks %v joined but did not reach the barrier in time)", l)
 			}
 			e.Detail = fmt.Sprintf("Timed out initializing process group %q: %d of %d ranks joined%s; never joined",
