@@ -178,6 +178,11 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		wd: watch.NewWatchdog[*work](watch.Config{Policy: watch.NoHandling, Rank: cfg.Rank, Dump: cfg.DumpAll != nil})}
 	b.oob = &oob{st: cfg.Store, rank: cfg.Rank, size: cfg.WorldSize, timeout: storeBound,
 		deadline: time.Now().Add(opts.ConnectTimeout)}
+	if dl, ok := ctx.Deadline(); ok && dl.Before(b.oob.deadline) {
+		// The caller's deadline (Init's, which its barrier shares) ends
+		// the out-of-band allgather too, which UCC runs inside one call.
+		b.oob.deadline = dl
+	}
 	b.oobH = cgo.NewHandle(b.oob)
 	if err := b.wireUp(ctx); err != nil {
 		// What UCC made stays: its destroy calls need the peers' progress.
