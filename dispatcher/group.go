@@ -129,8 +129,8 @@ type slot struct {
 	name string
 	b    backend.Backend
 	err  error
-	// ops is what the ops go to: b, or b behind the fingerprint check
-	// (Config.Debug "detail").
+	// ops, when not nil, is what the ops go to instead of b: b behind the
+	// fingerprint check (Config.Debug "detail").
 	ops backend.Backend
 }
 
@@ -261,7 +261,7 @@ func (pg *ProcessGroup) build(ctx context.Context, parent *ProcessGroup) error {
 				return err
 			}
 		}
-		pg.backends[dt] = slot{name: name, b: b, err: err, ops: b}
+		pg.backends[dt] = slot{name: name, b: b, err: err}
 		if b != nil && pg.cfg.Debug == DebugDetail {
 			pg.backends[dt].ops = &checked{Backend: b, pg: pg}
 		}
