@@ -9,84 +9,140 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/backends/cpupool"
-	"github.com/gocoll/gocoll/dispatcher"
+	"github.com/gocoll/gocoll/backends/nccl"
 	"github.com/gocoll/gocoll/python"
-	"github.com/gocoll/gocoll/tensor"
 )
 
+// benchPrefix starts the older one-series result lines, "BENCH bytes
+// microseconds" (in-place allreduce, rank 0's max over ranks), which the
+// raw libucc loop prints; the other programs print BENCH2 lines.
 const benchPrefix = "BENCH "
 
-// bench runs the allreduce benchmark (float32 SUM, out of the dispatcher's
-// public path) of --backend over each world size, and beside it the peers
-// asked for, each in the same invocation so that the ratios compare runs
-// made back to back: for ucc the raw libucc loop (benchc/ucc-bench-raw.c),
-// cpupool, torch's gloo through python/bench_gloo.py and Open MPI through
-// benchc/bench-mpi.c (all embedded in this binary, so it runs from any
-// directory; the C programs are compiled at run time with gcc and mpicc).
-// Times are in nccl-tests' units: algbw = bytes / time, busbw = algbw *
-// 2(n-1)/n. With --repeat R every series runs R times, interleaved, and the
-// table keeps each size's fastest run.
+// The peers' series names.
+const (
+	glooName    = "gloo"
+	mpiName     = "openmpi"
+	torchName   = "torch"
+	allPeers    = "raw-ucc, raw-nccl, cpupool, gloo, openmpi, torch"
+	benchUsageS = `usage:
+  conftest bench [flags]                 nccl-tests' tables for --backend, beside its peers
+  conftest bench plot -o out.svg FILE... busbw against size (log-log) from --json files
+`
+)
+
+// bench is `conftest bench`: nccl-tests' measurement (see benchRank) of
+// --backend for each --op, size and world size, printed as nccl-tests'
+// table with each peer's time and the ratio beside ours. The peers run in
+// the same invocation, one after the other (with --repeat R, R times
+// interleaved, each size keeping its fastest run): on the CPU torch's gloo
+// (python/bench_torch.py) and Open MPI (benchc/bench-mpi.c, compiled with
+// mpicc at run time), for ucc also the raw libucc loop
+// (benchc/ucc-bench-raw.c) and cpupool; on the GPU raw NCCL on the
+// backend's own communicator (in our rank processes) and torch's NCCL
+// (bench_torch.py under the GPU machine's torch 2.11). Everything is
+// embedded in this binary, so it runs from any directory.
 func bench(args []string) error {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		switch args[0] {
+		case "plot":
+			return benchPlot(args[1:])
+		// "overlap" (issue 16 items 3-4) goes here.
+		default:
+			return fmt.Errorf("unknown bench subcommand %q\n%s", args[0], benchUsageS)
+		}
+	}
 	fs := flag.NewFlagSet("conftest bench", flag.ExitOnError)
-	be := fs.String("backend", cpupool.Name, "the backend measured: cpupool or ucc")
-	nprocs := fs.String("nproc", "2,4", "world sizes, comma-separated")
-	minB := fs.String("min", "8", "smallest message in bytes (K, M suffixes)")
-	maxB := fs.String("max", "64M", "largest message in bytes")
-	factor := fs.Int("factor", 8, "size step factor")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), benchUsageS+"\nflags:\n")
+		fs.PrintDefaults()
+	}
+	be := fs.String("backend", cpupool.Name, "the backend measured: cpupool, ucc or nccl (one GPU per rank)")
+	opList := fs.String("op", opAllreduce, "ops, comma-separated, or all: "+strings.Join(benchOps, ", "))
+	nprocs := fs.String("nproc", "2", "world sizes, comma-separated")
+	var minB, maxB string
+	fs.StringVar(&minB, "b", "8", "smallest size in bytes (K, M, G suffixes)")
+	fs.StringVar(&minB, "min", "8", "the same as -b")
+	fs.StringVar(&maxB, "e", "64M", "largest size in bytes")
+	fs.StringVar(&maxB, "max", "64M", "the same as -e")
+	var factor int
+	fs.IntVar(&factor, "f", 2, "size step factor")
+	fs.IntVar(&factor, "factor", 2, "the same as -f")
+	sizeList := fs.String("sizes", "", "message sizes, comma-separated (instead of -b/-e/-f)")
+	iters := fs.Int("n", 20, "timed iterations per size (0: the older adaptive count, min(2000, 256 MiB/size) scaled by --iters; the default with the raw-ucc peer, which has only that count)")
+	warmup := fs.Int("w", 5, "warm-up iterations per size")
+	check := fs.Int("c", 0, "1: check every result; a wrong element counts in #wrong and fails the command")
+	jsonOut := fs.String("json", "", "write the rows of every table to this file (`conftest bench plot` reads it)")
+	note := fs.String("note", "", "a note for the --json file (e.g. the machine's load)")
+	peerList := fs.String("peers", "auto", "peers, comma-separated, or none; auto: gloo,openmpi for cpupool; raw-ucc,gloo,openmpi for ucc; raw-nccl,torch for nccl. All: "+allPeers)
 	threads := fs.Int("threads", 2, "cpupool worker threads")
-	gloo := fs.Bool("gloo", false, "also run torch gloo (python/bench_gloo.py, embedded) on the same sizes")
-	py := fs.String("python", "/usr/bin/python3", "python with torch, for --gloo")
-	script := fs.String("script", "", "the gloo benchmark script (default: the embedded python/bench_gloo.py)")
-	scale := fs.Float64("iters", 1, "scale the iteration counts")
-	sizeList := fs.String("sizes", "8,64,512,4K,32K,64K,256K,1M,4M,16M,64M", "message sizes (overrides --min/--max/--factor when set)")
+	gloo := fs.Bool("gloo", false, "add the gloo peer")
+	py := fs.String("python", "", "python with torch for the gloo and torch peers (default /usr/bin/python3; for nccl, python3 from PATH)")
+	script := fs.String("script", "", "the torch benchmark script (default: the embedded python/bench_torch.py)")
+	scale := fs.Float64("iters", 1, "with -n 0, and for the raw libucc loop: scale the adaptive iteration counts")
 	tune := fs.String("tune", "", "extra bench-rank flags, e.g. cpupool's '--segment 1048576 --sockbuf 4194304', or '--cpuprofile FILE'")
 	var pf peerFlags
 	fs.StringVar(&pf.wrap, "wrap", "", "command prefix for the ranks of ucc and of the raw loop, e.g. 'scripts/ucc-run.sh --' (the sid root)")
-	fs.BoolVar(&pf.raw, "raw", true, "with --backend ucc: also the raw libucc loop (benchc/ucc-bench-raw.c, compiled with gcc)")
+	fs.BoolVar(&pf.raw, "raw", true, "with --backend ucc and auto peers: also the raw libucc loop (benchc/ucc-bench-raw.c, compiled with gcc)")
 	fs.StringVar(&pf.rawThread, "raw-thread", "multiple", "the raw loop's UCC thread mode: multiple (the backend's) or single")
 	fs.StringVar(&pf.uccInclude, "ucc-include", "", "directory holding ucc/api/ucc.h for the raw loop (default: GOCOLL_UCC_INCLUDE, else the sid root's usr/include)")
-	fs.BoolVar(&pf.cpupool, "cpupool", false, "with another --backend: also cpupool")
-	fs.BoolVar(&pf.mpi, "mpi", false, "also Open MPI (benchc/bench-mpi.c, compiled with mpicc, run with mpirun)")
-	fs.StringVar(&pf.mpirun, "mpirun", "mpirun --allow-run-as-root --oversubscribe", "the mpirun command line, for --mpi (-np N and the program are appended)")
+	fs.BoolVar(&pf.cpupool, "cpupool", false, "add the cpupool peer")
+	fs.BoolVar(&pf.mpi, "mpi", false, "add the Open MPI peer")
+	fs.StringVar(&pf.mpirun, "mpirun", "mpirun --allow-run-as-root --oversubscribe", "the mpirun command line (-np N and the program are appended)")
 	repeat := fs.Int("repeat", 1, "run every series this many times, interleaved; each size keeps its fastest run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *be != cpupool.Name && *be != "ucc" {
-		return fmt.Errorf("bad --backend %q (cpupool or ucc)", *be)
+	if fs.NArg() > 0 {
+		return fmt.Errorf("conftest bench: unexpected arguments %q", fs.Args())
+	}
+	if *be != cpupool.Name && *be != "ucc" && *be != nccl.Name {
+		return fmt.Errorf("bad --backend %q (cpupool, ucc or nccl)", *be)
+	}
+	if *check != 0 && *check != 1 {
+		return fmt.Errorf("bad -c %d (0 or 1)", *check)
+	}
+	if *iters < 0 || *warmup < 0 {
+		return fmt.Errorf("bad -n %d / -w %d (at least 0)", *iters, *warmup)
+	}
+	ops, err := parseOps(*opList)
+	if err != nil {
+		return err
 	}
 	printMachine(os.Stdout, 0) // gpus.go: the machine section (NVML), or the line saying why there is none
-	lo, err := parseBytes(*minB)
+	sizes, err := benchSizes(minB, maxB, factor, *sizeList)
 	if err != nil {
 		return err
 	}
-	hi, err := parseBytes(*maxB)
+	var ns []int
+	for _, s := range strings.Split(*nprocs, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return fmt.Errorf("bad --nproc %q (a positive world size, or a comma-separated list)", s)
+		}
+		ns = append(ns, n)
+	}
+	peers, err := resolvePeers(*be, *peerList, &pf, *gloo)
 	if err != nil {
 		return err
 	}
-	var sizes []string
-	for s := lo; s <= hi; s *= *factor {
-		sizes = append(sizes, strconv.Itoa(s))
+	setN := false
+	fs.Visit(func(f *flag.Flag) { setN = setN || f.Name == "n" })
+	if slices.Contains(peers, rawName) && !setN {
+		// The raw libucc loop has only the adaptive count: give every
+		// series the same numbers of iterations.
+		*iters = 0
 	}
-	if last, _ := strconv.Atoi(sizes[len(sizes)-1]); last != hi {
-		sizes = append(sizes, strconv.Itoa(hi))
-	}
-	if *sizeList != "" {
-		sizes = sizes[:0]
-		for _, x := range strings.Split(*sizeList, ",") {
-			b, err := parseBytes(strings.TrimSpace(x))
-			if err != nil {
-				return err
-			}
-			sizes = append(sizes, strconv.Itoa(b))
+	if *py == "" {
+		*py = "/usr/bin/python3"
+		if *be == nccl.Name {
+			*py = "python3"
 		}
 	}
 	exe, err := os.Executable()
@@ -99,98 +155,263 @@ func bench(args []string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	glooScript := *script
-	if *gloo && glooScript == "" {
-		if glooScript, err = python.Write(dir, "bench_gloo.py"); err != nil {
-			return err
-		}
+	sz := joinInts(sizes)
+	opsArg := strings.Join(ops, ",")
+	common := []string{"--op", opsArg, "--sizes", sz, "-n", strconv.Itoa(*iters), "-w", strconv.Itoa(*warmup), "--iters", fmt.Sprint(*scale)}
+	if *check == 1 {
+		common = append(common, "-c")
 	}
-	sz := strings.Join(sizes, ",")
-	iters := fmt.Sprint(*scale)
 	wrap := strings.Fields(pf.wrap)
-	rankCmd := func(name string, tuned bool) func(int) []string {
+	rankCmd := func(name string, ours bool) func(int) []string {
 		return func(int) []string {
-			argv := append([]string{}, wrap...)
-			if name == cpupool.Name {
-				argv = nil // cpupool runs on this machine
+			var argv []string
+			if name == "ucc" {
+				argv = append(argv, wrap...) // cpupool and nccl run on this machine
 			}
-			argv = append(argv, exe, "bench-rank", "--backend", name, "--sizes", sz, "--threads", strconv.Itoa(*threads), "--iters", iters)
-			if tuned {
+			argv = append(argv, exe, "bench-rank", "--backend", name, "--threads", strconv.Itoa(*threads))
+			argv = append(argv, common...)
+			if ours {
+				if slices.Contains(peers, rawNCCLName) {
+					argv = append(argv, "--raw-nccl")
+				}
 				argv = append(argv, strings.Fields(*tune)...)
 			}
 			return argv
 		}
 	}
-	series := []benchSeries{{name: *be, launch: func(n int) (map[int]float64, error) { return launchBench(n, rankCmd(*be, true), true) }}}
-	peers, err := pf.series(dir, *be, sz, iters, wrap)
-	if err != nil {
-		return err
+	oursSeries := benchSeries{name: *be, launch: func(n int, pr *progress) ([]benchSample, error) {
+		return launchBench(n, rankCmd(*be, true), true, *be, pr)
+	}}
+	if slices.Contains(peers, rawNCCLName) {
+		oursSeries.also = []string{rawNCCLName}
 	}
-	series = append(series, peers...)
-	if *be != cpupool.Name && pf.cpupool {
-		series = append(series, benchSeries{name: cpupool.Name, launch: func(n int) (map[int]float64, error) {
-			return launchBench(n, rankCmd(cpupool.Name, false), true)
-		}})
-	}
-	if *gloo {
-		series = append(series, benchSeries{name: "gloo", launch: func(n int) (map[int]float64, error) {
-			return launchBench(1, func(port int) []string {
-				return []string{*py, glooScript, "--nproc", strconv.Itoa(n), "--port", strconv.Itoa(port), "--sizes", sz, "--iters", iters}
-			}, false)
-		}})
-	}
-	if pf.mpi {
-		series = append(series, pf.mpiSeries(sz, iters))
-	}
-	for _, ns := range strings.Split(*nprocs, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(ns))
-		if err != nil || n < 1 {
-			return fmt.Errorf("bad --nproc %q", ns)
+	series := []benchSeries{oursSeries}
+	for _, p := range peers {
+		switch p {
+		case rawName:
+			if !slices.Contains(ops, opAllreduce) {
+				continue // the raw libucc loop runs allreduce only
+			}
+			pf.raw = true
+			mpi := pf.mpi
+			pf.mpi = false // compiled below, with its own series
+			raw, err := pf.series(dir, "ucc", sz, fmt.Sprint(*scale), wrap)
+			pf.mpi = mpi
+			if err != nil {
+				return err
+			}
+			for i := range raw {
+				raw[i].ops = []string{opAllreduce}
+			}
+			series = append(series, raw...)
+		case cpupool.Name:
+			series = append(series, benchSeries{name: cpupool.Name, launch: func(n int, pr *progress) ([]benchSample, error) {
+				return launchBench(n, rankCmd(cpupool.Name, false), true, cpupool.Name, pr)
+			}})
+		case glooName, torchName:
+			torchScript := *script
+			if torchScript == "" {
+				if torchScript, err = python.Write(dir, "bench_torch.py"); err != nil {
+					return err
+				}
+			}
+			tbe := "gloo"
+			if p == torchName {
+				tbe = "nccl"
+			}
+			name, pyBin := p, *py
+			series = append(series, benchSeries{name: name, launch: func(n int, pr *progress) ([]benchSample, error) {
+				return launchBench(1, func(port int) []string {
+					return append([]string{pyBin, torchScript, "--backend", tbe, "--series", name, "--nproc", strconv.Itoa(n), "--port", strconv.Itoa(port)}, common...)
+				}, false, name, pr)
+			}})
+		case mpiName:
+			pf.mpi = true
+			if _, err := pf.series(dir, "", sz, "", nil); err != nil {
+				return err
+			}
+			series = append(series, pf.mpiSeries(common))
 		}
-		res := make([]map[int]float64, len(series))
+	}
+	file := &benchFile{Date: time.Now().UTC().Format(time.RFC3339), Command: os.Args, Note: *note}
+	file.Host, _ = os.Hostname()
+	var wrong int64
+	for _, n := range ns {
+		pr := newProgress(series, ops, sizes, n, *repeat)
+		res := map[sampleKey]benchRow{}
 		for range max(1, *repeat) {
-			for i, s := range series {
-				got, err := s.launch(n)
+			for _, s := range series {
+				samples, err := s.launch(n, pr)
 				if err != nil {
+					pr.done()
 					return fmt.Errorf("%s bench, %d ranks: %w", s.name, n, err)
 				}
-				res[i] = fastest(res[i], got)
+				for k, row := range aggregate(samples, n) {
+					if have, ok := res[k]; ok {
+						row = faster(have, row)
+					}
+					res[k] = row
+				}
 			}
 		}
-		printBench(n, sizes, series, res, *repeat)
+		pr.done()
+		for _, op := range ops {
+			rep := benchReport{Op: op, Backend: *be, NProc: n, Iters: *iters, Warmup: *warmup, Check: *check == 1, Repeat: max(1, *repeat)}
+			for _, s := range series {
+				for _, name := range append([]string{s.name}, s.also...) {
+					var rows []benchRow
+					for _, b := range sizes {
+						if row, ok := res[sampleKey{name, op, int64(opCount(op, b, n) * 4)}]; ok && opCount(op, b, n) > 0 {
+							rows = append(rows, row)
+						}
+					}
+					if len(rows) > 0 || name == *be {
+						rep.Series = append(rep.Series, benchSeriesResult{Name: name, Rows: rows})
+					}
+				}
+			}
+			writeTable(os.Stdout, &rep)
+			wrong += rep.wrongTotal()
+			file.Reports = append(file.Reports, rep)
+		}
+	}
+	if *jsonOut != "" {
+		if err := writeJSON(*jsonOut, file); err != nil {
+			return err
+		}
+	}
+	if wrong > 0 {
+		return fmt.Errorf("%d wrong elements (see the #wrong columns)", wrong)
 	}
 	return nil
 }
 
+// resolvePeers turns --peers (and the older --gloo, --mpi, --cpupool and
+// --raw switches) into the peer list.
+func resolvePeers(be, list string, pf *peerFlags, gloo bool) ([]string, error) {
+	var peers []string
+	switch list {
+	case "auto":
+		switch be {
+		case cpupool.Name:
+			peers = []string{glooName, mpiName}
+		case "ucc":
+			peers = []string{glooName, mpiName}
+			if pf.raw {
+				peers = append([]string{rawName}, peers...)
+			}
+		case nccl.Name:
+			peers = []string{rawNCCLName, torchName}
+		}
+	case "none", "":
+	default:
+		for _, p := range strings.Split(list, ",") {
+			peers = append(peers, strings.TrimSpace(p))
+		}
+	}
+	if gloo {
+		peers = append(peers, glooName)
+	}
+	if pf.mpi {
+		peers = append(peers, mpiName)
+	}
+	if pf.cpupool {
+		peers = append(peers, cpupool.Name)
+	}
+	var out []string
+	for _, p := range peers {
+		if slices.Contains(out, p) {
+			continue
+		}
+		switch {
+		case !strings.Contains(", "+allPeers+",", ", "+p+","):
+			return nil, fmt.Errorf("bad --peers entry %q (%s, auto or none)", p, allPeers)
+		case p == be:
+			return nil, fmt.Errorf("--peers %q: that is the backend measured", p)
+		case (p == rawNCCLName || p == torchName) != (be == nccl.Name):
+			return nil, fmt.Errorf("--peers %q does not go with --backend %s (raw-nccl and torch are the GPU peers, the others the CPU ones)", p, be)
+		case p == rawName && be != "ucc":
+			return nil, fmt.Errorf("--peers raw-ucc needs --backend ucc")
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// benchSizes is -b, -e and -f (nccl-tests' flags), or --sizes.
+func benchSizes(minB, maxB string, factor int, list string) ([]int, error) {
+	var sizes []int
+	if list != "" {
+		for _, x := range strings.Split(list, ",") {
+			b, err := parseBytes(strings.TrimSpace(x))
+			if err != nil {
+				return nil, err
+			}
+			sizes = append(sizes, b)
+		}
+		return sizes, nil
+	}
+	lo, err := parseBytes(minB)
+	if err != nil {
+		return nil, err
+	}
+	hi, err := parseBytes(maxB)
+	if err != nil {
+		return nil, err
+	}
+	if factor < 2 {
+		return nil, fmt.Errorf("bad -f %d (at least 2)", factor)
+	}
+	if lo > hi {
+		return nil, fmt.Errorf("-b %s is above -e %s", minB, maxB)
+	}
+	for s := lo; s <= hi; s *= factor {
+		sizes = append(sizes, s)
+	}
+	if sizes[len(sizes)-1] != hi {
+		sizes = append(sizes, hi)
+	}
+	return sizes, nil
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
 func parseBytes(s string) (int, error) {
-	mult := 1
+	mult, num := 1, s
 	switch {
 	case strings.HasSuffix(s, "K"):
-		mult, s = 1<<10, strings.TrimSuffix(s, "K")
+		mult, num = 1<<10, strings.TrimSuffix(s, "K")
 	case strings.HasSuffix(s, "M"):
-		mult, s = 1<<20, strings.TrimSuffix(s, "M")
+		mult, num = 1<<20, strings.TrimSuffix(s, "M")
 	case strings.HasSuffix(s, "G"):
-		mult, s = 1<<30, strings.TrimSuffix(s, "G")
+		mult, num = 1<<30, strings.TrimSuffix(s, "G")
 	}
-	v, err := strconv.Atoi(s)
+	v, err := strconv.Atoi(num)
 	if err != nil || v*mult < 4 {
-		return 0, fmt.Errorf("bad size %q (at least 4 bytes)", s)
+		return 0, fmt.Errorf("bad size %q (bytes, at least 4, with an optional K, M or G)", s)
 	}
 	return v * mult, nil
 }
 
 // launchBench starts n processes (torchrun's variables when env) and
-// collects the "BENCH bytes microseconds" lines of any of them.
-func launchBench(n int, command func(port int) []string, env bool) (map[int]float64, error) {
+// collects the result lines of all of them; lines in the older format
+// belong to series def.
+func launchBench(n int, command func(port int) []string, env bool, def string, pr *progress) ([]benchSample, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	res := map[int]float64{}
+	var res []benchSample
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	errs := make([]error, n)
@@ -212,116 +433,31 @@ func launchBench(n int, command func(port int) []string, env bool) (map[int]floa
 		}
 		wg.Go(func() {
 			sc := bufio.NewScanner(out)
+			var perr error
 			for sc.Scan() {
-				f := strings.Fields(strings.TrimPrefix(sc.Text(), benchPrefix))
-				if !strings.HasPrefix(sc.Text(), benchPrefix) || len(f) != 2 {
+				s, ok, err := parseBenchLine(sc.Text(), def)
+				if err != nil && perr == nil {
+					perr = err
+				}
+				if !ok {
 					continue
 				}
-				b, _ := strconv.Atoi(f[0])
-				us, _ := strconv.ParseFloat(f[1], 64)
 				mu.Lock()
-				res[b] = us
+				res = append(res, s)
 				mu.Unlock()
+				if s.rank == 0 {
+					pr.step(s)
+				}
 			}
-			if err := cmd.Wait(); err != nil {
+			err := cmd.Wait()
+			if err != nil {
 				errs[r] = fmt.Errorf("process %d: %w: %s", r, err, stderr.String())
 				time.AfterFunc(3*time.Second, cancel) // let the others report first
+			} else if perr != nil {
+				errs[r] = fmt.Errorf("process %d: %w", r, perr)
 			}
 		})
 	}
 	wg.Wait()
 	return res, errors.Join(errs...)
-}
-
-// benchRank is one rank of the gocoll benchmark.
-func benchRank(args []string) error {
-	fs := flag.NewFlagSet("conftest bench-rank", flag.ExitOnError)
-	be := fs.String("backend", cpupool.Name, "the backend: cpupool or ucc")
-	cpuprofile := fs.String("cpuprofile", "", "rank 0 writes a pprof CPU profile of the timed loops here")
-	sizes := fs.String("sizes", "8", "message sizes in bytes")
-	threads := fs.Int("threads", 2, "cpupool worker threads")
-	scale := fs.Float64("iters", 1, "scale the iteration counts")
-	var o cpupool.Options
-	fs.IntVar(&o.SegmentBytes, "segment", 0, "cpupool SegmentBytes (0: default)")
-	fs.IntVar(&o.SmallBytes, "small", 0, "cpupool SmallBytes (0: default)")
-	fs.IntVar(&o.Window, "window", 0, "cpupool Window (0: default)")
-	fs.IntVar(&o.SocketBufferBytes, "sockbuf", 0, "cpupool SocketBufferBytes (0: kernel autotuning)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	o.Threads = *threads
-	ctx := context.Background()
-	pg, err := dispatcher.InitFromEnv(ctx, dispatcher.Config{Backend: *be, Timeout: 5 * time.Minute,
-		BackendOptions: map[string]any{cpupool.Name: &o}})
-	if err != nil {
-		return err
-	}
-	defer pg.Close(ctx)
-	if *cpuprofile != "" && pg.Rank() == 0 {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
-	for _, s := range strings.Split(*sizes, ",") {
-		b, err := strconv.Atoi(s)
-		if err != nil {
-			return err
-		}
-		t := tensor.New(tensor.Float32, b/4)
-		t.Fill(1)
-		iters := int(*scale * float64(min(2000, max(5, (256<<20)/b))))
-		iters = max(iters, 3)
-		warm := max(2, iters/10)
-		for range warm {
-			w, err := pg.Allreduce(ctx, []*tensor.Tensor{t}, backend.AllreduceOptions{})
-			if err != nil {
-				return err
-			}
-			if err := w.Wait(ctx); err != nil {
-				return err
-			}
-		}
-		// Timed loop, after the warm-up above.
-		if err := barrier(ctx, pg); err != nil {
-			return err
-		}
-		start := time.Now()
-		for range iters {
-			w, err := pg.Allreduce(ctx, []*tensor.Tensor{t}, backend.AllreduceOptions{})
-			if err != nil {
-				return err
-			}
-			if err := w.Wait(ctx); err != nil {
-				return err
-			}
-		}
-		us := float64(time.Since(start).Microseconds()) / float64(iters)
-		m := tensor.New(tensor.Float64, 1)
-		m.SetAt(0, us)
-		w, err := pg.Allreduce(ctx, []*tensor.Tensor{m}, backend.AllreduceOptions{ReduceOp: backend.MAX})
-		if err != nil {
-			return err
-		}
-		if err := w.Wait(ctx); err != nil {
-			return err
-		}
-		if pg.Rank() == 0 {
-			fmt.Printf("%s%d %.2f\n", benchPrefix, b, m.At(0))
-		}
-	}
-	return nil
-}
-
-func barrier(ctx context.Context, pg *dispatcher.ProcessGroup) error {
-	w, err := pg.Barrier(ctx, backend.BarrierOptions{})
-	if err != nil {
-		return err
-	}
-	return w.Wait(ctx)
 }

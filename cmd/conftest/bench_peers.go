@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 )
 
 // benchC holds the C peers of conftest bench, compiled at run time where
@@ -19,11 +18,16 @@ import (
 var benchC embed.FS
 
 // benchSeries is one column group of the table: a name and how to run it
-// at n ranks ("BENCH bytes microseconds" lines, bytes to the max over
-// ranks of the mean time).
+// at n ranks (its result lines; see benchLinePrefix).
 type benchSeries struct {
-	name   string
-	launch func(n int) (map[int]float64, error)
+	name string
+	// also names the other series that its processes print (raw NCCL
+	// runs inside our rank processes).
+	also []string
+	// ops are the ops it runs, where not all of them (the raw libucc loop:
+	// allreduce).
+	ops    []string
+	launch func(n int, pr *progress) ([]benchSample, error)
 }
 
 // rawName is the raw libucc loop's series.
@@ -68,11 +72,11 @@ func (pf *peerFlags) series(dir, be, sizes, iters string, wrap []string) ([]benc
 			return nil, err
 		}
 		thread := pf.rawThread
-		out = append(out, benchSeries{name: rawName, launch: func(n int) (map[int]float64, error) {
+		out = append(out, benchSeries{name: rawName, launch: func(n int, pr *progress) ([]benchSample, error) {
 			return launchBench(n, func(port int) []string {
 				shm := fmt.Sprintf("/dev/shm/gocoll-ucc-bench-raw-%d-%d", os.Getpid(), port)
 				return append(append([]string{}, wrap...), bin, "--sizes", sizes, "--iters", iters, "--thread", thread, "--shm", shm)
-			}, true)
+			}, true, rawName, pr)
 		}})
 	}
 	if pf.mpi {
@@ -86,12 +90,12 @@ func (pf *peerFlags) series(dir, be, sizes, iters string, wrap []string) ([]benc
 }
 
 // mpiSeries runs the compiled MPI program under mpirun, one launcher
-// process for all ranks.
-func (pf *peerFlags) mpiSeries(sizes, iters string) benchSeries {
-	return benchSeries{name: "openmpi", launch: func(n int) (map[int]float64, error) {
+// process for all ranks, with bench-rank's flags (common).
+func (pf *peerFlags) mpiSeries(common []string) benchSeries {
+	return benchSeries{name: mpiName, launch: func(n int, pr *progress) ([]benchSample, error) {
 		return launchBench(1, func(int) []string {
-			return append(strings.Fields(pf.mpirun), "-np", strconv.Itoa(n), pf.mpiBin, "--sizes", sizes, "--iters", iters)
-		}, false)
+			return append(append(strings.Fields(pf.mpirun), "-np", strconv.Itoa(n), pf.mpiBin), common...)
+		}, false, mpiName, pr)
 	}}
 }
 
@@ -137,80 +141,4 @@ func buildC(dir, name, cc string, flags ...string) (string, error) {
 		return "", fmt.Errorf("compiling %s with %s: %w: %s", name, cc, err, out)
 	}
 	return bin, nil
-}
-
-// fastest keeps, per size, the smaller of the two times.
-func fastest(have, got map[int]float64) map[int]float64 {
-	if have == nil {
-		return got
-	}
-	for b, us := range got {
-		if old, ok := have[b]; !ok || us < old {
-			have[b] = us
-		}
-	}
-	return have
-}
-
-// printBench prints one world size's table: the measured backend's time
-// and bandwidths, then each peer's time and the ratio peer / ours (above 1:
-// ours is faster). Beside the raw libucc loop it prints the backend's cost
-// over it, in µs and in percent, and after the table the goals of issue 12
-// (≤ 1 µs at 8 B, ≤ 5 % at 1 MiB and above) as met or missed.
-func printBench(n int, sizes []string, series []benchSeries, res []map[int]float64, repeat int) {
-	fmt.Printf("\nallreduce float32 sum, %d ranks, %s (time: max over ranks, mean over iterations", n, series[0].name)
-	if repeat > 1 {
-		fmt.Printf("; fastest of %d interleaved runs", repeat)
-	}
-	fmt.Println(")")
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "bytes\tcount\ttime(us)\talgbw(GB/s)\tbusbw(GB/s)\t"
-	for _, s := range series[1:] {
-		head += s.name + "(us)\t" + s.name + "/ours\t"
-		if s.name == rawName {
-			head += "cost(us)\tcost(%)\t"
-		}
-	}
-	fmt.Fprintln(tw, head)
-	bus := 2 * float64(n-1) / float64(n)
-	var goals []string
-	for _, s := range sizes {
-		b, _ := strconv.Atoi(s)
-		us := res[0][b]
-		alg := float64(b) / us / 1e3
-		row := fmt.Sprintf("%d\t%d\t%.2f\t%.3f\t%.3f\t", b, b/4, us, alg, alg*bus)
-		for i, s := range series[1:] {
-			p, ok := res[i+1][b]
-			if !ok {
-				row += "-\t-\t"
-				if s.name == rawName {
-					row += "-\t-\t"
-				}
-				continue
-			}
-			row += fmt.Sprintf("%.2f\t%.2fx\t", p, p/us)
-			if s.name == rawName {
-				cost, pct := us-p, 100*(us-p)/p
-				row += fmt.Sprintf("%+.2f\t%+.1f%%\t", cost, pct)
-				switch {
-				case b <= 8:
-					goals = append(goals, fmt.Sprintf("%d B: +%.2f µs over raw libucc (goal <= 1 µs): %s", b, cost, metOrMissed(cost <= 1)))
-				case b >= 1<<20:
-					goals = append(goals, fmt.Sprintf("%d B: %+.1f%% over raw libucc (goal <= 5%%): %s", b, pct, metOrMissed(pct <= 5)))
-				}
-			}
-		}
-		fmt.Fprintln(tw, row)
-	}
-	tw.Flush()
-	for _, g := range goals {
-		fmt.Println("goal:", g)
-	}
-}
-
-func metOrMissed(ok bool) string {
-	if ok {
-		return "met"
-	}
-	return "MISSED"
 }

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// benchPlot is `conftest bench plot -o out.svg FILE...`: bus (or
+// algorithm) bandwidth against size, both axes logarithmic, one line per
+// series of every report in the --json files, ours and the peers'.
+func benchPlot(args []string) error {
+	fs := flag.NewFlagSet("conftest bench plot", flag.ExitOnError)
+	out := fs.String("o", "", "output file; the extension picks the format (.svg, .png, .pdf)")
+	metric := fs.String("metric", "busbw", "busbw or algbw (busbw is 0 at one rank for allreduce, allgather, reduce_scatter and alltoall)")
+	mode := fs.String("mode", "auto", "out-of-place, in-place or auto (ours' out-of-place rows where it has them, else in-place)")
+	title := fs.String("title", "", "plot title (default: the ops and world sizes)")
+	width := fs.Float64("width", 8, "width in inches")
+	height := fs.Float64("height", 5, "height in inches")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "usage: conftest bench plot -o out.svg [flags] FILE...\n\nFILEs are conftest bench --json files.\n\nflags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *out == "" || fs.NArg() == 0 {
+		fs.Usage()
+		return errors.New("bench plot needs -o FILE and at least one --json file")
+	}
+	if *metric != "busbw" && *metric != "algbw" {
+		return fmt.Errorf("bad --metric %q (busbw or algbw)", *metric)
+	}
+	if *mode != "auto" && *mode != "out-of-place" && *mode != "in-place" {
+		return fmt.Errorf("bad --mode %q (out-of-place, in-place or auto)", *mode)
+	}
+	var files []*benchFile
+	for _, path := range fs.Args() {
+		f, err := readJSON(path)
+		if err != nil {
+			return err
+		}
+		files = append(files, f)
+	}
+	p, err := plotBench(files, *metric, *mode, *title)
+	if err != nil {
+		return err
+	}
+	if err := p.Save(vg.Length(*width)*vg.Inch, vg.Length(*height)*vg.Inch, *out); err != nil {
+		return fmt.Errorf("bench plot: writing %s: %w", filepath.Base(*out), err)
+	}
+	return nil
+}
+
+// plotLine is one line of the plot.
+type plotLine struct {
+	label string
+	pts   plotter.XYs
+}
+
+// plotLines picks, per report and series, the points to draw: sizes
+// against the metric of the mode, dropping points a log axis cannot show
+// (zero bandwidth).
+func plotLines(files []*benchFile, metric, mode string) ([]plotLine, []string) {
+	var lines []plotLine
+	var what []string
+	for _, f := range files {
+		for _, r := range f.Reports {
+			what = append(what, fmt.Sprintf("%s n=%d", r.Op, r.NProc))
+			m := mode
+			if m == "auto" {
+				m = "in-place"
+				if len(r.Series) > 0 && hasMode(r.Series[0].Rows, false) {
+					m = "out-of-place"
+				}
+			}
+			for _, s := range r.Series {
+				sm := m
+				if !hasMode(s.Rows, sm == "in-place") {
+					sm = map[string]string{"in-place": "out-of-place", "out-of-place": "in-place"}[sm]
+				}
+				var pts plotter.XYs
+				for _, row := range s.Rows {
+					res := row.OOP
+					if sm == "in-place" {
+						res = row.IP
+					}
+					if res == nil {
+						continue
+					}
+					y := res.BusBW
+					if metric == "algbw" {
+						y = res.AlgBW
+					}
+					if y > 0 && row.Bytes > 0 {
+						pts = append(pts, plotter.XY{X: float64(row.Bytes), Y: y})
+					}
+				}
+				if len(pts) > 0 {
+					lines = append(lines, plotLine{label: fmt.Sprintf("%s %s n=%d (%s)", s.Name, r.Op, r.NProc, sm), pts: pts})
+				}
+			}
+		}
+	}
+	return lines, what
+}
+
+func hasMode(rows []benchRow, inPlace bool) bool {
+	for _, row := range rows {
+		if (inPlace && row.IP != nil) || (!inPlace && row.OOP != nil) {
+			return true
+		}
+	}
+	return false
+}
+
+// plotBench builds the plot of the files' reports.
+func plotBench(files []*benchFile, metric, mode, title string) (*plot.Plot, error) {
+	lines, what := plotLines(files, metric, mode)
+	if len(lines) == 0 {
+		return nil, fmt.Errorf("bench plot: no point above zero %s to draw (at one rank busbw is 0 for most ops: try --metric algbw)", metric)
+	}
+	p := plot.New()
+	if title == "" {
+		title = strings.Join(uniq(what), ", ")
+	}
+	p.Title.Text = title
+	p.X.Label.Text = "size (bytes)"
+	p.Y.Label.Text = metric + " (GB/s)"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Add(plotter.NewGrid())
+	p.Legend.Top, p.Legend.Left = true, true
+	for i, l := range lines {
+		ln, pt, err := plotter.NewLinePoints(l.pts)
+		if err != nil {
+			return nil, fmt.Errorf("bench plot: %s: %w", l.label, err)
+		}
+		ln.Color = plotutil.Color(i)
+		ln.Dashes = plotutil.Dashes(i / 7)
+		pt.Color = plotutil.Color(i)
+		pt.Shape = plotutil.Shape(i)
+		p.Add(ln, pt)
+		p.Legend.Add(l.label, ln, pt)
+	}
+	return p, nil
+}
+
+func uniq(xs []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, x := range xs {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}

@@ -1,0 +1,485 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/backends/cpupool"
+	"github.com/gocoll/gocoll/backends/nccl"
+	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/dispatcher"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// benchVal is the input pattern: element i of rank r. Small integers, so
+// that float32 sums over any world size here are exact and a check can
+// compare for equality.
+func benchVal(r, i int) float32 { return float32((r*7+i)%23 + 1) }
+
+// benchCase is one mode of one op at one size, for one rank: the input
+// and output views, and what the output must hold afterwards.
+type benchCase struct {
+	op       string
+	in, out  *tensor.Tensor
+	count    int  // nccl-tests' count (opCount)
+	part     int  // count / n: the per-rank piece of the split ops
+	peer     int  // sendrecv: the rank sent to; the one received from is (r-1+n)%n
+	inPlace  bool //
+	r, n     int
+	rootOnly bool // reduce: only the root's output is defined
+}
+
+// expect is the value out[i] must hold after the op.
+func (c *benchCase) expect(i int) float32 {
+	sum := func(j int) float32 {
+		var s float32
+		for q := range c.n {
+			s += benchVal(q, j)
+		}
+		return s
+	}
+	switch c.op {
+	case opAllreduce, opReduce:
+		return sum(i)
+	case opAllgather:
+		return benchVal(i/c.part, i%c.part)
+	case opReduceScatter:
+		return sum(c.r*c.part + i)
+	case opBroadcast:
+		return benchVal(0, i)
+	case opAlltoall:
+		return benchVal(i/c.part, c.r*c.part+i%c.part)
+	case opSendrecv:
+		return benchVal((c.r-1+c.n)%c.n, i)
+	}
+	panic("conftest bench: no expectation for " + c.op)
+}
+
+// newCase lays out op's buffers for count elements over send and recv
+// (each at least count long); inPlace picks nccl-tests' in-place layout
+// (the input is the output, or the rank's piece of it, or contains it).
+func newCase(op string, send, recv *tensor.Tensor, count, r, n int, inPlace bool) (*benchCase, error) {
+	c := &benchCase{op: op, count: count, part: count / n, r: r, n: n, inPlace: inPlace, peer: (r + 1) % n, rootOnly: op == opReduce}
+	view := func(t *tensor.Tensor, start, k int) *tensor.Tensor {
+		v, err := t.Narrow(start, k)
+		if err != nil {
+			panic(err) // the buffers are sized for the largest count
+		}
+		return v
+	}
+	whole := view(recv, 0, count)
+	switch op {
+	case opAllreduce, opBroadcast, opReduce, opAlltoall, opSendrecv:
+		c.in, c.out = view(send, 0, count), whole
+		if inPlace {
+			c.in = whole
+		}
+	case opAllgather:
+		c.in, c.out = view(send, 0, c.part), whole
+		if inPlace {
+			c.in = view(recv, r*c.part, c.part)
+		}
+	case opReduceScatter:
+		c.in, c.out = view(send, 0, count), view(recv, 0, c.part)
+		if inPlace {
+			c.in, c.out = whole, view(recv, r*c.part, c.part)
+		}
+	default:
+		return nil, fmt.Errorf("no op %q", op)
+	}
+	return c, nil
+}
+
+// benchDevice hides where the buffers live: host memory, or one GPU
+// (cuda), with ctx's current stream.
+type benchDevice struct {
+	dev *cuda.Device // nil: host
+}
+
+func (d benchDevice) alloc(ctx context.Context, n int) (*tensor.Tensor, error) {
+	if d.dev == nil {
+		return tensor.New(tensor.Float32, n), nil
+	}
+	return cuda.Empty(ctx, d.dev.Ordinal(), tensor.Float32, n)
+}
+
+// write sets t to vals.
+func (d benchDevice) write(ctx context.Context, t *tensor.Tensor, vals []float32) error {
+	if d.dev == nil {
+		copy(unsafe.Slice((*float32)(t.HostPtr()), t.Numel()), vals)
+		return nil
+	}
+	if len(vals) == 0 {
+		return nil
+	}
+	s := cuda.StreamFor(ctx, d.dev)
+	if err := s.CopyHtoD(t.Ptr(), unsafe.Pointer(&vals[0]), 4*len(vals)); err != nil {
+		return err
+	}
+	return s.Synchronize()
+}
+
+// read returns a copy of t's elements.
+func (d benchDevice) read(ctx context.Context, t *tensor.Tensor) ([]float32, error) {
+	if d.dev == nil {
+		return append([]float32(nil), unsafe.Slice((*float32)(t.HostPtr()), t.Numel())...), nil
+	}
+	h, err := cuda.ToHost(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	return append([]float32(nil), unsafe.Slice((*float32)(h.HostPtr()), h.Numel())...), nil
+}
+
+// sync waits for what ctx's current stream holds (nothing on the host).
+func (d benchDevice) sync(ctx context.Context) error {
+	if d.dev == nil {
+		return nil
+	}
+	return cuda.StreamFor(ctx, d.dev).Synchronize()
+}
+
+// prepare fills the case's output with a sentinel (so that a stale right
+// answer from an earlier run cannot pass the check) and then its input
+// with the rank's pattern.
+func (d benchDevice) prepare(ctx context.Context, c *benchCase) error {
+	bad := make([]float32, c.out.Numel())
+	for i := range bad {
+		bad[i] = -1
+	}
+	if err := d.write(ctx, c.out, bad); err != nil {
+		return err
+	}
+	vals := make([]float32, c.in.Numel())
+	for i := range vals {
+		vals[i] = benchVal(c.r, i)
+	}
+	return d.write(ctx, c.in, vals)
+}
+
+// verify counts the output elements that differ from expect.
+func (d benchDevice) verify(ctx context.Context, c *benchCase) (int64, error) {
+	if c.rootOnly && c.r != 0 {
+		return 0, nil
+	}
+	got, err := d.read(ctx, c.out)
+	if err != nil {
+		return 0, err
+	}
+	return countWrong(c, got), nil
+}
+
+func countWrong(c *benchCase, got []float32) int64 {
+	var wrong int64
+	for i, v := range got {
+		if v != c.expect(i) {
+			wrong++
+		}
+	}
+	return wrong
+}
+
+// benchRunner issues one op of a case and waits for a batch of them: the
+// backend through the dispatcher, or the raw NCCL loop.
+type benchRunner interface {
+	name() string
+	// supports says whether the runner has the mode (c10d has no
+	// out-of-place allreduce, for one).
+	supports(op string, inPlace bool, n int) bool
+	// run issues iters ops of c back to back and waits for all of them
+	// once, at the end.
+	run(ctx context.Context, c *benchCase, iters int) error
+}
+
+// pgRunner runs ops through the dispatcher's ProcessGroup.
+type pgRunner struct {
+	series string
+	pg     *dispatcher.ProcessGroup
+	dev    benchDevice
+	works  []backend.Work
+}
+
+func (p *pgRunner) name() string { return p.series }
+
+func (p *pgRunner) supports(op string, inPlace bool, n int) bool {
+	switch op {
+	case opAllreduce, opBroadcast, opReduce:
+		return inPlace
+	case opAlltoall:
+		return !inPlace
+	case opSendrecv:
+		return !inPlace && n > 1 // c10d refuses a send to oneself
+	}
+	return true
+}
+
+func (p *pgRunner) issue(ctx context.Context, c *benchCase) error {
+	var w backend.Work
+	var err error
+	switch c.op {
+	case opAllreduce:
+		w, err = p.pg.Allreduce(ctx, []*tensor.Tensor{c.out}, backend.AllreduceOptions{})
+	case opAllgather:
+		w, err = p.pg.AllgatherIntoTensor(ctx, c.out, c.in, backend.AllgatherIntoTensorOptions{})
+	case opReduceScatter:
+		w, err = p.pg.ReduceScatterTensor(ctx, c.out, c.in, backend.ReduceScatterTensorOptions{})
+	case opBroadcast:
+		w, err = p.pg.Broadcast(ctx, []*tensor.Tensor{c.out}, backend.BroadcastOptions{})
+	case opReduce:
+		w, err = p.pg.Reduce(ctx, []*tensor.Tensor{c.out}, backend.ReduceOptions{})
+	case opAlltoall:
+		w, err = p.pg.AlltoallBase(ctx, c.out, c.in, backend.AlltoallBaseOptions{})
+	case opSendrecv:
+		// Even ranks send first, odd ranks receive first, so that a
+		// backend whose sends block until matched cannot deadlock.
+		first := func() (backend.Work, error) {
+			return p.pg.Send(ctx, []*tensor.Tensor{c.in}, c.peer, backend.SendOptions{})
+		}
+		second := func() (backend.Work, error) {
+			return p.pg.Recv(ctx, []*tensor.Tensor{c.out}, (c.r-1+c.n)%c.n, backend.RecvOptions{})
+		}
+		if c.r%2 == 1 {
+			first, second = second, first
+		}
+		if w, err = first(); err != nil {
+			return err
+		}
+		p.works = append(p.works, w)
+		w, err = second()
+	default:
+		err = fmt.Errorf("no op %q", c.op)
+	}
+	if err != nil {
+		return err
+	}
+	p.works = append(p.works, w)
+	return nil
+}
+
+func (p *pgRunner) run(ctx context.Context, c *benchCase, iters int) error {
+	p.works = p.works[:0]
+	for range iters {
+		if err := p.issue(ctx, c); err != nil {
+			return err
+		}
+	}
+	for i, w := range p.works {
+		if err := w.Wait(ctx); err != nil {
+			return err
+		}
+		p.works[i] = nil
+	}
+	return p.dev.sync(ctx)
+}
+
+// benchRankFlags are the flags of one rank of conftest bench.
+type benchRankFlags struct {
+	backend    string
+	ops        string
+	sizes      string
+	iters      int
+	warmup     int
+	check      bool
+	scale      float64
+	threads    int
+	cpuprofile string
+	rawNCCL    bool
+	opts       cpupool.Options
+}
+
+// benchRank is one rank of conftest bench: per op and size, -w warm-up
+// iterations, a barrier, -n iterations queued back to back and waited for
+// once, and with -c a fresh input, one more op and a check of every
+// output element; out-of-place, then in-place. It prints one BENCH2 line
+// per op and size. With --raw-nccl it runs the same on the backend's own
+// NCCL communicator straight from C after each of ours (series raw-nccl).
+func benchRank(args []string) error {
+	fs := flag.NewFlagSet("conftest bench-rank", flag.ExitOnError)
+	var f benchRankFlags
+	fs.StringVar(&f.backend, "backend", cpupool.Name, "the backend: cpupool, ucc or nccl")
+	fs.StringVar(&f.ops, "op", opAllreduce, "ops, comma-separated")
+	fs.StringVar(&f.sizes, "sizes", "8", "message sizes in bytes, comma-separated")
+	fs.IntVar(&f.iters, "n", 20, "timed iterations (0: the adaptive count, scaled by --iters)")
+	fs.IntVar(&f.warmup, "w", 5, "warm-up iterations (with -n 0: a tenth of the count)")
+	fs.BoolVar(&f.check, "c", false, "check the results")
+	fs.Float64Var(&f.scale, "iters", 1, "with -n 0: scale the adaptive iteration counts")
+	fs.IntVar(&f.threads, "threads", 2, "cpupool worker threads")
+	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "rank 0 writes a pprof CPU profile of the timed loops here")
+	fs.BoolVar(&f.rawNCCL, "raw-nccl", false, "with --backend nccl: also raw NCCL calls on the same communicator")
+	fs.IntVar(&f.opts.SegmentBytes, "segment", 0, "cpupool SegmentBytes (0: default)")
+	fs.IntVar(&f.opts.SmallBytes, "small", 0, "cpupool SmallBytes (0: default)")
+	fs.IntVar(&f.opts.Window, "window", 0, "cpupool Window (0: default)")
+	fs.IntVar(&f.opts.SocketBufferBytes, "sockbuf", 0, "cpupool SocketBufferBytes (0: kernel autotuning)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ops, err := parseOps(f.ops)
+	if err != nil {
+		return err
+	}
+	var sizes []int
+	for _, s := range strings.Split(f.sizes, ",") {
+		b, err := strconv.Atoi(s)
+		if err != nil {
+			return fmt.Errorf("bad --sizes %q: %w", f.sizes, err)
+		}
+		sizes = append(sizes, b)
+	}
+	f.opts.Threads = f.threads
+	ctx := context.Background()
+	cfg := dispatcher.Config{Backend: f.backend, Timeout: 5 * time.Minute,
+		BackendOptions: map[string]any{cpupool.Name: &f.opts}}
+	var dev benchDevice
+	if f.backend == nccl.Name {
+		local, err := strconv.Atoi(cmp.Or(os.Getenv("LOCAL_RANK"), "0"))
+		if err != nil {
+			return fmt.Errorf("LOCAL_RANK: %w", err)
+		}
+		if dev.dev, err = cuda.GetDevice(local); err != nil {
+			return err
+		}
+		d := tensor.CUDADevice(local)
+		cfg.Device = &d
+	}
+	pg, err := dispatcher.InitFromEnv(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pg.Close(ctx)
+	runners := []benchRunner{&pgRunner{series: f.backend, pg: pg, dev: dev}}
+	if f.rawNCCL {
+		raw, err := newRawNCCL(ctx, pg, dev)
+		if err != nil {
+			return err
+		}
+		runners = append(runners, raw)
+	}
+	if f.cpuprofile != "" && pg.Rank() == 0 {
+		pf, err := os.Create(f.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	r, n := pg.Rank(), pg.Size()
+	maxBytes := 0
+	for _, b := range sizes {
+		maxBytes = max(maxBytes, b)
+	}
+	send, err := dev.alloc(ctx, maxBytes/4)
+	if err != nil {
+		return err
+	}
+	defer send.Free()
+	recv, err := dev.alloc(ctx, maxBytes/4)
+	if err != nil {
+		return err
+	}
+	defer recv.Free()
+	for _, op := range ops {
+		for _, b := range sizes {
+			count := opCount(op, b, n)
+			if count == 0 {
+				continue // too small to split over n ranks
+			}
+			iters, warm := f.iters, f.warmup
+			if iters == 0 {
+				iters = max(3, int(f.scale*float64(min(2000, max(5, (256<<20)/b)))))
+				warm = max(2, iters/10)
+			}
+			for _, run := range runners {
+				var us [2]float64
+				var wrong [2]int64
+				for m, inPlace := range []bool{false, true} {
+					us[m], wrong[m] = math.NaN(), -1
+					if !run.supports(op, inPlace, n) {
+						continue
+					}
+					c, err := newCase(op, send, recv, count, r, n, inPlace)
+					if err != nil {
+						return err
+					}
+					if us[m], wrong[m], err = measure(ctx, pg, dev, run, c, iters, warm, f.check); err != nil {
+						return fmt.Errorf("%s %s %d B (%s): %w", run.name(), op, b, modeName(inPlace), err)
+					}
+				}
+				fmt.Println(formatBenchLine(run.name(), op, r, int64(count*4), int64(count), us[0], wrong[0], us[1], wrong[1]))
+			}
+		}
+	}
+	return nil
+}
+
+func modeName(inPlace bool) string {
+	if inPlace {
+		return "in-place"
+	}
+	return "out-of-place"
+}
+
+// measure is nccl-tests' loop for one case: warm-up, barrier, the timed
+// batch (queued back to back, one wait at the end), and with check a
+// fresh input, one op and the count of wrong elements (-1 unchecked).
+func measure(ctx context.Context, pg *dispatcher.ProcessGroup, dev benchDevice, run benchRunner, c *benchCase, iters, warm int, check bool) (float64, int64, error) {
+	if err := dev.prepare(ctx, c); err != nil {
+		return 0, 0, err
+	}
+	if err := run.run(ctx, c, warm); err != nil {
+		return 0, 0, err
+	}
+	if err := barrier(ctx, pg); err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	if err := run.run(ctx, c, iters); err != nil {
+		return 0, 0, err
+	}
+	us := float64(time.Since(start).Nanoseconds()) / 1e3 / float64(iters)
+	wrong := int64(-1)
+	if check {
+		if err := barrier(ctx, pg); err != nil {
+			return 0, 0, err
+		}
+		if err := dev.prepare(ctx, c); err != nil {
+			return 0, 0, err
+		}
+		// Every rank's input must be in place before any rank's op reads
+		// it over the wire.
+		if err := barrier(ctx, pg); err != nil {
+			return 0, 0, err
+		}
+		if err := run.run(ctx, c, 1); err != nil {
+			return 0, 0, err
+		}
+		var err error
+		if wrong, err = dev.verify(ctx, c); err != nil {
+			return 0, 0, err
+		}
+	}
+	return us, wrong, nil
+}
+
+func barrier(ctx context.Context, pg *dispatcher.ProcessGroup) error {
+	w, err := pg.Barrier(ctx, backend.BarrierOptions{})
+	if err != nil {
+		return err
+	}
+	return w.Wait(ctx)
+}
+
+var errNoRawNCCL = errors.New("--raw-nccl needs --backend nccl")
