@@ -17,7 +17,7 @@ type progress struct {
 	mu    sync.Mutex
 	w     io.Writer // nil: no terminal, no progress
 	total int
-	rows int
+	rows  int
 	n     int
 	start time.Time
 }

@@ -270,10 +270,10 @@ type sampleKey struct {
 // averaged over the ranks that reported, wrong elements added up.
 func aggregate(samples []benchSample, n int) map[sampleKey]benchRow {
 	type acc struct {
-		count                int64
-		oopSum, ipSum        float64
-		oopN, ipN            int
-		oopWr, ipWr          int64
+		count                 int64
+		oopSum, ipSum         float64
+		oopN, ipN             int
+		oopWr, ipWr           int64
 		oopChecked, ipChecked bool
 	}
 	accs := map[sampleKey]*acc{}
