@@ -236,15 +236,22 @@ func bench(args []string) error {
 	file := &benchFile{Date: time.Now().UTC().Format(time.RFC3339), Command: os.Args, Note: *note}
 	file.Host, _ = os.Hostname()
 	var wrong int64
+	var peerErrs []error
 	for _, n := range ns {
 		pr := newProgress(series, ops, sizes, n, *repeat)
 		res := map[sampleKey]benchRow{}
 		for range max(1, *repeat) {
-			for _, s := range series {
+			for i, s := range series {
 				samples, err := s.launch(n, pr)
 				if err != nil {
-					pr.done()
-					return fmt.Errorf("%s bench, %d ranks: %w", s.name, n, err)
+					err = fmt.Errorf("%s bench, %d ranks: %w", s.name, n, err)
+					if i == 0 {
+						pr.done()
+						return err
+					}
+					// A failing peer costs its columns, not the tables.
+					fmt.Fprintf(os.Stderr, "conftest bench: %v\n", err)
+					peerErrs = append(peerErrs, err)
 				}
 				for k, row := range aggregate(samples, n) {
 					if have, ok := res[k]; ok {
@@ -281,9 +288,9 @@ func bench(args []string) error {
 		}
 	}
 	if wrong > 0 {
-		return fmt.Errorf("%d wrong elements (see the #wrong columns)", wrong)
+		peerErrs = append(peerErrs, fmt.Errorf("%d wrong elements (see the #wrong columns)", wrong))
 	}
-	return nil
+	return errors.Join(peerErrs...)
 }
 
 // resolvePeers turns --peers (and the older --gloo, --mpi, --cpupool and

@@ -126,7 +126,7 @@ type rawNCCL struct {
 	rank, n   int
 }
 
-func newRawNCCL(ctx context.Context, pg *dispatcher.ProcessGroup, dev benchDevice) (*rawNCCL, error) {
+func newRawNCCL(ctx context.Context, pg *dispatcher.ProcessGroup, dev *benchDevice) (*rawNCCL, error) {
 	if dev.dev == nil {
 		return nil, errNoRawNCCL
 	}

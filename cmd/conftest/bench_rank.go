@@ -11,6 +11,8 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -104,10 +106,11 @@ func newCase(op string, send, recv *tensor.Tensor, count, r, n int, inPlace bool
 // benchDevice hides where the buffers live: host memory, or one GPU
 // (cuda), with ctx's current stream.
 type benchDevice struct {
-	dev *cuda.Device // nil: host
+	dev     *cuda.Device // nil: host
+	pattern []float32    // benchVal(rank, i), grown on demand: every size's input is a prefix
 }
 
-func (d benchDevice) alloc(ctx context.Context, n int) (*tensor.Tensor, error) {
+func (d *benchDevice) alloc(ctx context.Context, n int) (*tensor.Tensor, error) {
 	if d.dev == nil {
 		return tensor.New(tensor.Float32, n), nil
 	}
@@ -115,7 +118,7 @@ func (d benchDevice) alloc(ctx context.Context, n int) (*tensor.Tensor, error) {
 }
 
 // write sets t to vals.
-func (d benchDevice) write(ctx context.Context, t *tensor.Tensor, vals []float32) error {
+func (d *benchDevice) write(ctx context.Context, t *tensor.Tensor, vals []float32) error {
 	if d.dev == nil {
 		copy(unsafe.Slice((*float32)(t.HostPtr()), t.Numel()), vals)
 		return nil
@@ -130,46 +133,50 @@ func (d benchDevice) write(ctx context.Context, t *tensor.Tensor, vals []float32
 	return s.Synchronize()
 }
 
-// read returns a copy of t's elements.
-func (d benchDevice) read(ctx context.Context, t *tensor.Tensor) ([]float32, error) {
+// read returns t's elements.
+func (d *benchDevice) read(ctx context.Context, t *tensor.Tensor) ([]float32, error) {
 	if d.dev == nil {
-		return append([]float32(nil), unsafe.Slice((*float32)(t.HostPtr()), t.Numel())...), nil
+		return unsafe.Slice((*float32)(t.HostPtr()), t.Numel()), nil
 	}
 	h, err := cuda.ToHost(ctx, t)
 	if err != nil {
 		return nil, err
 	}
-	return append([]float32(nil), unsafe.Slice((*float32)(h.HostPtr()), h.Numel())...), nil
+	return unsafe.Slice((*float32)(h.HostPtr()), h.Numel()), nil
 }
 
 // sync waits for what ctx's current stream holds (nothing on the host).
-func (d benchDevice) sync(ctx context.Context) error {
+func (d *benchDevice) sync(ctx context.Context) error {
 	if d.dev == nil {
 		return nil
 	}
 	return cuda.StreamFor(ctx, d.dev).Synchronize()
 }
 
-// prepare fills the case's output with a sentinel (so that a stale right
-// answer from an earlier run cannot pass the check) and then its input
-// with the rank's pattern.
-func (d benchDevice) prepare(ctx context.Context, c *benchCase) error {
-	bad := make([]float32, c.out.Numel())
-	for i := range bad {
-		bad[i] = -1
-	}
-	if err := d.write(ctx, c.out, bad); err != nil {
+// sentinel is what prepare puts in the outputs: -1, which no op computes
+// from the positive inputs.
+const sentinel = float32(-1)
+
+// prepare fills the case's output with the sentinel (so that a stale
+// right answer from an earlier run cannot pass the check) and then its
+// input with the rank's pattern.
+func (d *benchDevice) prepare(ctx context.Context, c *benchCase) error {
+	if d.dev == nil {
+		out := unsafe.Slice((*float32)(c.out.HostPtr()), c.out.Numel())
+		for i := range out {
+			out[i] = sentinel
+		}
+	} else if err := cuda.StreamFor(ctx, d.dev).Memset32(c.out.Ptr(), math.Float32bits(sentinel), c.out.Numel()); err != nil {
 		return err
 	}
-	vals := make([]float32, c.in.Numel())
-	for i := range vals {
-		vals[i] = benchVal(c.r, i)
+	for i := len(d.pattern); i < c.in.Numel(); i++ {
+		d.pattern = append(d.pattern, benchVal(c.r, i))
 	}
-	return d.write(ctx, c.in, vals)
+	return d.write(ctx, c.in, d.pattern[:c.in.Numel()])
 }
 
 // verify counts the output elements that differ from expect.
-func (d benchDevice) verify(ctx context.Context, c *benchCase) (int64, error) {
+func (d *benchDevice) verify(ctx context.Context, c *benchCase) (int64, error) {
 	if c.rootOnly && c.r != 0 {
 		return 0, nil
 	}
@@ -180,14 +187,26 @@ func (d benchDevice) verify(ctx context.Context, c *benchCase) (int64, error) {
 	return countWrong(c, got), nil
 }
 
+// countWrong compares got with the case's expectation, in parallel
+// chunks for the large buffers (a GiB is 256 Mi elements).
 func countWrong(c *benchCase, got []float32) int64 {
-	var wrong int64
-	for i, v := range got {
-		if v != c.expect(i) {
-			wrong++
-		}
+	const chunk = 1 << 22
+	var wg sync.WaitGroup
+	var wrong atomic.Int64
+	for lo := 0; lo < len(got); lo += chunk {
+		hi := min(lo+chunk, len(got))
+		wg.Go(func() {
+			var w int64
+			for i := lo; i < hi; i++ {
+				if got[i] != c.expect(i) {
+					w++
+				}
+			}
+			wrong.Add(w)
+		})
 	}
-	return wrong
+	wg.Wait()
+	return wrong.Load()
 }
 
 // benchRunner issues one op of a case and waits for a batch of them: the
@@ -206,7 +225,7 @@ type benchRunner interface {
 type pgRunner struct {
 	series string
 	pg     *dispatcher.ProcessGroup
-	dev    benchDevice
+	dev    *benchDevice
 	works  []backend.Work
 }
 
@@ -340,7 +359,7 @@ func benchRank(args []string) error {
 	ctx := context.Background()
 	cfg := dispatcher.Config{Backend: f.backend, Timeout: 5 * time.Minute,
 		BackendOptions: map[string]any{cpupool.Name: &f.opts}}
-	var dev benchDevice
+	dev := &benchDevice{}
 	if f.backend == nccl.Name {
 		local, err := strconv.Atoi(cmp.Or(os.Getenv("LOCAL_RANK"), "0"))
 		if err != nil {
@@ -435,7 +454,7 @@ func modeName(inPlace bool) string {
 // measure is nccl-tests' loop for one case: warm-up, barrier, the timed
 // batch (queued back to back, one wait at the end), and with check a
 // fresh input, one op and the count of wrong elements (-1 unchecked).
-func measure(ctx context.Context, pg *dispatcher.ProcessGroup, dev benchDevice, run benchRunner, c *benchCase, iters, warm int, check bool) (float64, int64, error) {
+func measure(ctx context.Context, pg *dispatcher.ProcessGroup, dev *benchDevice, run benchRunner, c *benchCase, iters, warm int, check bool) (float64, int64, error) {
 	if err := dev.prepare(ctx, c); err != nil {
 		return 0, 0, err
 	}

@@ -376,7 +376,7 @@ func writeTable(w io.Writer, r *benchReport) {
 		fmt.Fprintln(bw, strings.TrimRight(strings.Join(cols, ""), " "))
 	}
 	var h1, h2, h3 []string
-	h1 = append(h1, fmt.Sprintf("#%61s", ""), fmt.Sprintf("%-36s", "out-of-place"), fmt.Sprintf("%-34s", "in-place"))
+	h1 = append(h1, fmt.Sprintf("#%61s", ""), fmt.Sprintf("%-40s", "out-of-place"), fmt.Sprintf("%-38s", "in-place"))
 	h2 = append(h2, fmt.Sprintf("#%11s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root"), modeHead("time", "algbw", "busbw", "#wrong"), modeHead("time", "algbw", "busbw", "#wrong"))
 	h3 = append(h3, fmt.Sprintf("#%11s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", ""), modeHead("(us)", "(GB/s)", "(GB/s)", ""), modeHead("(us)", "(GB/s)", "(GB/s)", ""))
 	for _, p := range peers {
@@ -451,7 +451,7 @@ func b2i(b bool) int {
 }
 
 func modeHead(a, b, c, d string) string {
-	return fmt.Sprintf("  %9s  %7s  %7s  %6s", a, b, c, d)
+	return fmt.Sprintf("  %9s  %9s  %9s  %6s", a, b, c, d)
 }
 
 func modeCols(m *benchResult) string {
@@ -462,7 +462,7 @@ func modeCols(m *benchResult) string {
 	if m.Wrong != nil {
 		wr = strconv.FormatInt(*m.Wrong, 10)
 	}
-	return fmt.Sprintf("  %9.2f  %7.2f  %7.2f  %6s", m.TimeUS, m.AlgBW, m.BusBW, wr)
+	return fmt.Sprintf("  %9.2f  %9.2f  %9.2f  %6s", m.TimeUS, m.AlgBW, m.BusBW, wr)
 }
 
 // peerCols is a peer's time for one mode and the ratio to ours.
