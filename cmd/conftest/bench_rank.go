@@ -40,6 +40,9 @@ type benchCase struct {
 	inPlace  bool //
 	r, n     int
 	rootOnly bool // reduce: only the root's output is defined
+	// spare are the same layout over other buffers, for the host
+	// backends' timed loop (see pgRunner.run); empty on the GPU.
+	spare []*benchCase
 }
 
 // expect is the value out[i] must hold after the op.
@@ -101,6 +104,29 @@ func newCase(op string, send, recv *tensor.Tensor, count, r, n int, inPlace bool
 		return nil, fmt.Errorf("no op %q", op)
 	}
 	return c, nil
+}
+
+// newCases is newCase over the first buffer pair, with the other pairs
+// as its spares.
+func newCases(op string, sends, recvs []*tensor.Tensor, count, r, n int, inPlace bool) (*benchCase, error) {
+	c, err := newCase(op, sends[0], recvs[0], count, r, n, inPlace)
+	if err != nil {
+		return nil, err
+	}
+	for i := 1; i < len(sends); i++ {
+		sc, err := newCase(op, sends[i], recvs[i], count, r, n, inPlace)
+		if err != nil {
+			return nil, err
+		}
+		c.spare = append(c.spare, sc)
+	}
+	return c, nil
+}
+
+// hostWindow is how many buffer pairs a host backend's timed loop
+// rotates over: up to 4, within 512 MiB per rank.
+func hostWindow(maxBytes int) int {
+	return max(1, min(4, (512<<20)/max(1, 2*maxBytes)))
 }
 
 // benchDevice hides where the buffers live: host memory, or one GPU
@@ -286,19 +312,39 @@ func (p *pgRunner) issue(ctx context.Context, c *benchCase) error {
 	return nil
 }
 
+// run queues iters ops back to back and waits once at the end. On the
+// host, a backend runs queued ops concurrently (cpupool's workers, UCC's
+// progress), so two queued ops on one buffer would race: the loop
+// rotates over the case and its spares, and before it reuses a buffer
+// pair it waits for the op that last used it. With as many pairs as the
+// backend runs ops at once, that wait never starves the backend, and the
+// timing is that of an unbounded queue. On the GPU one stream orders the
+// ops, and there are no spares.
 func (p *pgRunner) run(ctx context.Context, c *benchCase, iters int) error {
 	p.works = p.works[:0]
-	for range iters {
-		if err := p.issue(ctx, c); err != nil {
+	slots := append([]*benchCase{c}, c.spare...)
+	starts := make([]int, 0, iters+1)
+	done := 0 // p.works[:done] have been waited for
+	for i := range iters {
+		if i >= len(slots) {
+			end := starts[i-len(slots)+1]
+			for ; done < end; done++ {
+				if err := p.works[done].Wait(ctx); err != nil {
+					return err
+				}
+			}
+		}
+		starts = append(starts, len(p.works))
+		if err := p.issue(ctx, slots[i%len(slots)]); err != nil {
 			return err
 		}
 	}
-	for i, w := range p.works {
-		if err := w.Wait(ctx); err != nil {
+	for ; done < len(p.works); done++ {
+		if err := p.works[done].Wait(ctx); err != nil {
 			return err
 		}
-		p.works[i] = nil
 	}
+	clear(p.works)
 	return p.dev.sync(ctx)
 }
 
@@ -400,16 +446,21 @@ func benchRank(args []string) error {
 	for _, b := range sizes {
 		maxBytes = max(maxBytes, b)
 	}
-	send, err := dev.alloc(ctx, maxBytes/4)
-	if err != nil {
-		return err
+	pairs := 1
+	if dev.dev == nil {
+		pairs = hostWindow(maxBytes)
 	}
-	defer send.Free()
-	recv, err := dev.alloc(ctx, maxBytes/4)
-	if err != nil {
-		return err
+	var sends, recvs []*tensor.Tensor
+	for range pairs {
+		for _, l := range []*[]*tensor.Tensor{&sends, &recvs} {
+			t, err := dev.alloc(ctx, maxBytes/4)
+			if err != nil {
+				return err
+			}
+			defer t.Free()
+			*l = append(*l, t)
+		}
 	}
-	defer recv.Free()
 	for _, op := range ops {
 		for _, b := range sizes {
 			count := opCount(op, b, n)
@@ -429,7 +480,7 @@ func benchRank(args []string) error {
 					if !run.supports(op, inPlace, n) {
 						continue
 					}
-					c, err := newCase(op, send, recv, count, r, n, inPlace)
+					c, err := newCases(op, sends, recvs, count, r, n, inPlace)
 					if err != nil {
 						return err
 					}
