@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -22,10 +23,13 @@ func benchPlot(args []string) error {
 	metric := fs.String("metric", "busbw", "busbw or algbw (busbw is 0 at one rank for allreduce, allgather, reduce_scatter and alltoall)")
 	mode := fs.String("mode", "auto", "out-of-place, in-place or auto (ours' out-of-place rows where it has them, else in-place)")
 	title := fs.String("title", "", "plot title (default: the ops and world sizes)")
+	op := fs.String("op", "", "only the reports of this op")
 	width := fs.Float64("width", 8, "width in inches")
 	height := fs.Float64("height", 5, "height in inches")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), "usage: conftest bench plot -o out.svg [flags] FILE...\n\nFILEs are conftest bench --json files.\n\nflags:\n")
+		fmt.Fprint(fs.Output(), "usage: conftest bench plot -o out.svg [flags] FILE[@series,...]...\n\n"+
+			"FILEs are conftest bench --json files; @series,... keeps only those series of that file.\n"+
+			"A series that appears in several files is labelled with its file's name.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -41,15 +45,20 @@ func benchPlot(args []string) error {
 	if *mode != "auto" && *mode != "out-of-place" && *mode != "in-place" {
 		return fmt.Errorf("bad --mode %q (out-of-place, in-place or auto)", *mode)
 	}
-	var files []*benchFile
-	for _, path := range fs.Args() {
+	var files []plotFile
+	for _, arg := range fs.Args() {
+		path, only, _ := strings.Cut(arg, "@")
 		f, err := readJSON(path)
 		if err != nil {
 			return err
 		}
-		files = append(files, f)
+		pf := plotFile{name: strings.TrimSuffix(filepath.Base(path), ".json"), f: f}
+		if only != "" {
+			pf.series = strings.Split(only, ",")
+		}
+		files = append(files, pf)
 	}
-	p, err := plotBench(files, *metric, *mode, *title)
+	p, err := plotBench(files, *metric, *mode, *op, *title)
 	if err != nil {
 		return err
 	}
@@ -65,14 +74,25 @@ type plotLine struct {
 	pts   plotter.XYs
 }
 
+// plotFile is one --json file and the series to draw from it (all when
+// series is empty).
+type plotFile struct {
+	name   string
+	f      *benchFile
+	series []string
+}
+
 // plotLines picks, per report and series, the points to draw: sizes
 // against the metric of the mode, dropping points a log axis cannot show
 // (zero bandwidth).
-func plotLines(files []*benchFile, metric, mode string) ([]plotLine, []string) {
+func plotLines(files []plotFile, metric, mode, op string) ([]plotLine, []string) {
 	var lines []plotLine
-	var what []string
-	for _, f := range files {
-		for _, r := range f.Reports {
+	var what, fileOf []string
+	for _, pf := range files {
+		for _, r := range pf.f.Reports {
+			if op != "" && r.Op != op {
+				continue
+			}
 			what = append(what, fmt.Sprintf("%s n=%d", r.Op, r.NProc))
 			m := mode
 			if m == "auto" {
@@ -82,6 +102,9 @@ func plotLines(files []*benchFile, metric, mode string) ([]plotLine, []string) {
 				}
 			}
 			for _, s := range r.Series {
+				if len(pf.series) > 0 && !slices.Contains(pf.series, s.Name) {
+					continue
+				}
 				sm := m
 				if !hasMode(s.Rows, sm == "in-place") {
 					sm = map[string]string{"in-place": "out-of-place", "out-of-place": "in-place"}[sm]
@@ -105,8 +128,18 @@ func plotLines(files []*benchFile, metric, mode string) ([]plotLine, []string) {
 				}
 				if len(pts) > 0 {
 					lines = append(lines, plotLine{label: fmt.Sprintf("%s %s n=%d (%s)", s.Name, r.Op, r.NProc, sm), pts: pts})
+					fileOf = append(fileOf, pf.name)
 				}
 			}
+		}
+	}
+	seen := map[string]int{}
+	for _, l := range lines {
+		seen[l.label]++
+	}
+	for i := range lines {
+		if seen[lines[i].label] > 1 {
+			lines[i].label = fileOf[i] + ": " + lines[i].label
 		}
 	}
 	return lines, what
@@ -122,8 +155,8 @@ func hasMode(rows []benchRow, inPlace bool) bool {
 }
 
 // plotBench builds the plot of the files' reports.
-func plotBench(files []*benchFile, metric, mode, title string) (*plot.Plot, error) {
-	lines, what := plotLines(files, metric, mode)
+func plotBench(files []plotFile, metric, mode, op, title string) (*plot.Plot, error) {
+	lines, what := plotLines(files, metric, mode, op)
 	if len(lines) == 0 {
 		return nil, fmt.Errorf("bench plot: no point above zero %s to draw (at one rank busbw is 0 for most ops: try --metric algbw)", metric)
 	}
@@ -150,6 +183,12 @@ func plotBench(files []*benchFile, metric, mode, title string) (*plot.Plot, erro
 		pt.Shape = plotutil.Shape(i)
 		p.Add(ln, pt)
 		p.Legend.Add(l.label, ln, pt)
+	}
+	// A log axis needs a positive range: widen a single value's.
+	for _, ax := range []*plot.Axis{&p.X, &p.Y} {
+		if ax.Min >= ax.Max {
+			ax.Min, ax.Max = ax.Min/2, ax.Max*2
+		}
 	}
 	return p, nil
 }

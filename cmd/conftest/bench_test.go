@@ -386,6 +386,16 @@ func TestPlot(t *testing.T) {
 			t.Errorf("the SVG lacks %q", s)
 		}
 	}
+	// FILE@series keeps those series; --op keeps that op's reports.
+	if err := benchPlot([]string{"-o", out, "--op", opAllreduce, in + "@gloo"}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ = os.ReadFile(out); bytes.Contains(b, []byte("openmpi")) || !bytes.Contains(b, []byte("gloo allreduce")) {
+		t.Error("@gloo drew other series, or not gloo")
+	}
+	if err := benchPlot([]string{"-o", out, "--op", opAlltoall, in}); err == nil {
+		t.Error("a plot of an op absent from the file succeeded")
+	}
 	one := testReport()
 	one.NProc = 1
 	for i := range one.Series {
