@@ -3,8 +3,9 @@
 // Go program finds them wherever it runs: not through a path relative to
 // the working directory or to the source tree.
 //
-//   - bench_gloo.py: torch gloo's allreduce benchmark, the peer of
-//     `conftest bench --gloo`.
+//   - bench_torch.py: torch.distributed's side of `conftest bench`, every
+//     op: gloo on the CPU (the gloo peer, torch 1.13), NCCL on GPUs (the
+//     torch peer, torch 2.11).
 //   - store_torch211_check.py: torch 2.x against a gocoll-store server
 //     (run by scripts/store-gpu-run.sh).
 //
@@ -32,7 +33,7 @@ func Names() []string {
 	return names
 }
 
-// Source returns the text of the helper name ("bench_gloo.py").
+// Source returns the text of the helper name ("bench_torch.py").
 func Source(name string) ([]byte, error) {
 	b, err := files.ReadFile(name)
 	if err != nil {

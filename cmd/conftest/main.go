@@ -7,7 +7,8 @@
 //	                                   without --nproc, one rank per visible GPU (NVML, CUDA_VISIBLE_DEVICES)
 //	conftest ops                       the op × backend table
 //	conftest gpus [--json]             the GPUs, their topology and health (NVML)
-//	conftest bench [--nproc 2,4] [--gloo]   allreduce 8 B … 64 MiB, nccl-tests units
+//	conftest bench --backend cpupool --op all -b 8 -e 64M -f 4 --nproc 2 -c 1   nccl-tests' tables beside the peers
+//	conftest bench plot -o out.svg FILE...   busbw against size from bench --json files
 //	conftest fr analyze [--job ID] DIR      the first collective on which the ranks' flight-recorder dumps disagree
 //	conftest help                           the commands
 //
@@ -81,7 +82,8 @@ func usage(w io.Writer) {
   conftest [run] [flags]    run the conformance suite over --nproc rank processes
   conftest ops              print the op × backend table
   conftest gpus [--json]    the GPUs (NVML): topology, driver, NCCL, health, XID events
-  conftest bench [flags]    allreduce benchmark (with --gloo: torch gloo side by side)
+  conftest bench [flags]    nccl-tests' tables for a backend and op, peers beside (gloo, Open MPI; raw NCCL, torch)
+  conftest bench plot -o out.svg FILE...   busbw against size from bench --json files
   conftest fr analyze DIR   read the flight-recorder dumps in DIR (one job's: --job ID) and print the first collective on which the ranks disagree
   conftest help             this list
 run "conftest run -h", "conftest bench -h" or "conftest fr analyze -h" for the flags
