@@ -2,12 +2,15 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"os"
+	"io"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -115,7 +118,14 @@ func bench(args []string) error {
 	if err != nil {
 		return err
 	}
-	printMachine(os.Stdout, 0) // gpus.go: the machine section (NVML), or the line saying why there is none
+	// gpus.go: the machine section (NVML), or the line saying why there is
+	// none; the --json reports carry its lines too.
+	var machine bytes.Buffer
+	printMachine(io.MultiWriter(os.Stdout, &machine), 0)
+	machineJSON, err := json.Marshal(strings.Split(strings.TrimRight(machine.String(), "\n"), "\n"))
+	if err != nil {
+		return err
+	}
 	sizes, err := benchSizes(minB, maxB, factor, *sizeList)
 	if err != nil {
 		return err
@@ -263,7 +273,7 @@ func bench(args []string) error {
 		}
 		pr.done()
 		for _, op := range ops {
-			rep := benchReport{Op: op, Backend: *be, NProc: n, Iters: *iters, Warmup: *warmup, Check: *check == 1, Repeat: max(1, *repeat)}
+			rep := benchReport{Op: op, Backend: *be, NProc: n, Iters: *iters, Warmup: *warmup, Check: *check == 1, Repeat: max(1, *repeat), Machine: machineJSON}
 			for _, s := range series {
 				for _, name := range append([]string{s.name}, s.also...) {
 					var rows []benchRow

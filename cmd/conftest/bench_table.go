@@ -141,8 +141,8 @@ type benchReport struct {
 	// interleaved runs.
 	Repeat int                 `json:"repeat"`
 	Series []benchSeriesResult `json:"series"`
-	// Machine is the machine section (GPU and driver facts from NVML,
-	// issue 13); absent where nothing filled it.
+	// Machine is the machine section's lines (GPUs, driver and NCCL
+	// from NVML, or why there are none: gpus.go's printMachine).
 	Machine json.RawMessage `json:"machine,omitempty"`
 }
 
