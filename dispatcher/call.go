@@ -81,6 +81,10 @@ type opCall struct {
 	meta    backend.Meta
 	info    OpInfo
 	backend backend.Backend
+	// Set only while metrics are on: the device type and the time the op
+	// was numbered.
+	dt     tensor.DeviceType
+	issued time.Time
 }
 
 // checker starts the argument checks of op, failing at once when the group
@@ -153,9 +157,16 @@ func (pg *ProcessGroup) begin(ctx context.Context, op backend.Op, dev tensor.Dev
 		meta:    backend.Meta{Op: op, Seq: seq, Timeout: timeout},
 		backend: b,
 	}
+	if pg.metrics != nil {
+		call.dt, call.issued = dev.Type, time.Now()
+	}
 	if pg.hooked() {
+		now := call.issued
+		if now.IsZero() {
+			now = time.Now()
+		}
 		call.info = OpInfo{Group: pg.name, GroupDesc: pg.desc, GroupSize: pg.size, Rank: pg.rank, Op: op,
-			Backend: b.Name(), Device: dev, Seq: seq, CollSeq: coll, P2PSeq: p2p, Peer: -1, Timeout: timeout, Issued: time.Now()}
+			Backend: b.Name(), Device: dev, Seq: seq, CollSeq: coll, P2PSeq: p2p, Peer: -1, Timeout: timeout, Issued: now}
 	}
 	return call, nil
 }
@@ -189,6 +200,9 @@ func (pg *ProcessGroup) post(ctx context.Context, c *opCall, w backend.Work, err
 		} else {
 			err = &backend.OpError{Op: c.meta.Op.String(), Seq: c.meta.Seq, Rank: pg.rank, Backend: c.backend.Name(), Kind: kindOf(err), Err: err}
 		}
+	}
+	if m := pg.metrics; m != nil {
+		m.Op(c.meta.Op, c.dt, c.issued, w, err)
 	}
 	if h := pg.hooks.Load(); h != nil {
 		for _, hk := range *h {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -182,6 +183,21 @@ func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	}
 	addr := net.JoinHostPort(env.MasterAddr, strconv.Itoa(env.MasterPort))
 	copts := store.ClientOptions{Timeout: cfg.Timeout, WorldSize: env.WorldSize, Dialect: env.StoreDialect}
+	// Metrics come first, so that they see the store server's requests.
+	m, err := newMetrics(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sopts := store.TCPStoreOptions{IsMaster: env.Rank == 0, ClientOptions: copts}
+	var srv atomic.Pointer[store.TCPServer]
+	if m != nil && sopts.IsMaster && !env.UseAgentStore {
+		sopts.Server.Observer = m.StoreServer(func() store.ServerStats {
+			if s := srv.Load(); s != nil {
+				return s.Stats()
+			}
+			return store.ServerStats{}
+		})
+	}
 	var st *store.TCPStore
 	if env.UseAgentStore {
 		st, err = store.DialTCPStore(ctx, addr, copts)
@@ -189,25 +205,33 @@ func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 		// Rank 0 does not wait for the clients here: Init's one deadline
 		// covers the rendezvous, and its error names a rank that never came.
 		copts.NoWaitForWorkers = env.Rank == 0
-		st, err = store.NewTCPStore(ctx, addr, store.TCPStoreOptions{IsMaster: env.Rank == 0, ClientOptions: copts})
+		sopts.ClientOptions = copts
+		st, err = store.NewTCPStore(ctx, addr, sopts)
 	}
 	if err != nil {
+		if m != nil {
+			_ = m.Close()
+		}
 		if env.Rank == 0 && !env.UseAgentStore && errors.Is(err, syscall.EADDRINUSE) {
 			return nil, fmt.Errorf("dispatcher: rank 0 hosts the store on MASTER_PORT=%d, but the port is taken (under torchrun, whose agent hosts a store there, TORCHELASTIC_USE_AGENT_STORE=True says to use it): %w", env.MasterPort, err)
 		}
 		return nil, fmt.Errorf("dispatcher: rendezvous at %s (RANK=%d): %w", addr, env.Rank, err)
 	}
+	srv.Store(st.Server())
 	cfg.Store, cfg.Rank, cfg.WorldSize = st, env.Rank, env.WorldSize
 	if env.UseAgentStore {
 		if cfg.Store, err = store.NewPrefixStore(AgentStorePrefix(env.RestartCount), st); err != nil {
 			st.Close()
+			if m != nil {
+				_ = m.Close()
+			}
 			return nil, fmt.Errorf("dispatcher: %w", err)
 		}
 	}
 	if cfg.RunID == "" {
 		cfg.RunID = envRunID(env)
 	}
-	pg, err := Init(ctx, cfg)
+	pg, err := initGroup(ctx, cfg, m)
 	if err != nil {
 		if env.Rank == 0 && !env.UseAgentStore {
 			// This rank hosts the store: keep it up a moment, so that the
@@ -340,6 +364,7 @@ func resolveConfig(cfg Config, env knob.Env) (Config, error) {
 	str(&fr.PipeFile, knobPipeFile)
 	flag(&fr.NoDumpOnError, knobNoDumpOnError)
 	dur(&fr.Poll, knobPoll)
+	str(&cfg.MetricsAddr, knobMetricsAddr)
 	mo := &cfg.Monitor
 	flag(&mo.Disable, knobNoMonitor)
 	dur(&mo.HeartbeatTimeout, knobHeartbeat)

@@ -91,6 +91,17 @@ type Config struct {
 	// GOCOLL_COORD_CHECK_MILSEC variables (or their TORCH_NCCL_ names)
 	// stand in for its zero fields.
 	Monitor MonitorOptions
+	// Metrics, when set, receives the counts of every op, abort and dump
+	// of the process; Init takes it over and Close closes it. Nil means
+	// off, unless MetricsAddr is set.
+	Metrics Metrics
+	// MetricsAddr, host:port (GOCOLL_METRICS_ADDR), serves Prometheus
+	// metrics at http://MetricsAddr/metrics from Metrics, else from the
+	// linked implementation (a blank import of package metrics). The port
+	// moves by the local rank (LOCAL_RANK, else Rank), so the ranks of a
+	// host given one address each get their own; port 0 takes a free one.
+	// Empty, with Metrics nil, means metrics are off and cost nothing.
+	MetricsAddr string
 }
 
 // ProcessGroup is a set of ranks that run collectives together. Its methods
@@ -112,6 +123,9 @@ type ProcessGroup struct {
 	groups     []*ProcessGroup // on the default group: every group this process is a member of
 	stopPub    chan struct{}   // on the default group: stops the progress publisher
 	monitor    *monitor        // on the default group: the heartbeat monitor; nil when off
+	metricsRoot Metrics        // on the default group: the process's metrics; nil when off
+	metrics     GroupMetrics   // this group's; nil when metrics are off
+	metricsOnce sync.Once      // closes metricsRoot once
 
 	backends    []slot // indexed by tensor.DeviceType
 	nextGroupID atomic.Uint64
@@ -140,6 +154,18 @@ type slot struct {
 // backends' wire-up and the barrier share one deadline, Config.Timeout
 // from the call; a rank that never called Init is named in the error.
 func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
+	return initGroup(ctx, cfg, nil)
+}
+
+// initGroup is Init; made, when not nil, is the process's Metrics, which
+// InitFromEnv made first for its store server. It owns made either way.
+func initGroup(ctx context.Context, cfg Config, made Metrics) (pg *ProcessGroup, err error) {
+	m := made // closed here on failure until the group owns it
+	defer func() {
+		if err != nil && m != nil {
+			_ = m.Close()
+		}
+	}()
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("dispatcher: %w: Config.Store is nil", backend.ErrInvalidArgument)
 	}
@@ -149,7 +175,7 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	if cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize {
 		return nil, fmt.Errorf("dispatcher: %w: rank %d outside [0, %d)", backend.ErrInvalidArgument, cfg.Rank, cfg.WorldSize)
 	}
-	cfg, err := resolveConfig(cfg, knob.OS)
+	cfg, err = resolveConfig(cfg, knob.OS)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +183,7 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	for i := range ranks {
 		ranks[i] = i
 	}
-	pg := &ProcessGroup{rank: cfg.Rank, size: cfg.WorldSize, globalRank: cfg.Rank, ranks: ranks,
+	pg = &ProcessGroup{rank: cfg.Rank, size: cfg.WorldSize, globalRank: cfg.Rank, ranks: ranks,
 		name: "0", desc: "default_pg", timeout: cfg.Timeout, cfg: cfg}
 	pg.root = pg
 	st, err := store.NewPrefixStore("default_pg", cfg.Store)
@@ -183,10 +209,29 @@ func Init(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 		}
 		pg.recorder.attach(pg)
 	}
+	if m == nil {
+		if m, err = newMetrics(cfg); err != nil {
+			pg.stopRecorder()
+			return nil, err
+		}
+	}
+	if m != nil {
+		var dumps func() int
+		if pg.recorder != nil {
+			dumps = pg.recorder.Dumps
+		}
+		if err = startMetrics(m, cfg, knob.OS, dumps); err != nil {
+			pg.stopRecorder()
+			return nil, err
+		}
+	}
+	pg.metricsRoot = m
 	if err := pg.build(ictx, nil); err != nil {
 		pg.stopRecorder()
 		return nil, err
 	}
+	pg.attachMetrics()
+	m = nil // pg closes it from here on
 	pg.groups = []*ProcessGroup{pg}
 	pg.stopPub = make(chan struct{})
 	go pg.publisher(pg.stopPub)
@@ -398,6 +443,7 @@ func (pg *ProcessGroup) NewGroup(ctx context.Context, ranks []int, opts GroupOpt
 	if err := g.build(ctx, root); err != nil {
 		return nil, err
 	}
+	g.attachMetrics()
 	root.mu.Lock()
 	root.groups = append(root.groups, g)
 	root.mu.Unlock()
@@ -429,8 +475,12 @@ func (pg *ProcessGroup) closeOne(ctx context.Context) error {
 	// Without pg.mu: the heartbeat monitor, which stopDaemons waits for,
 	// takes it to list the groups.
 	err := pg.closeBackends(ctx)
+	if pg.metrics != nil {
+		pg.metrics.Close()
+	}
 	if pg == pg.root {
 		pg.stopDaemons()
+		pg.closeMetrics()
 	}
 	if pg.ownedStore != nil {
 		err = errors.Join(err, pg.ownedStore.Close())
@@ -485,7 +535,9 @@ func (pg *ProcessGroup) Abort(ctx context.Context, reason error) error {
 	}
 	var errs []error
 	for _, g := range pg.family() {
-		g.abortReason.CompareAndSwap(nil, &reason)
+		if g.abortReason.CompareAndSwap(nil, &reason) && g.metrics != nil {
+			g.metrics.Aborted(reason)
+		}
 		g.closed.Store(true)
 		for _, b := range g.distinct() {
 			errs = append(errs, b.Abort(ctx, reason))
@@ -497,6 +549,13 @@ func (pg *ProcessGroup) Abort(ctx context.Context, reason error) error {
 // FlightRecorder returns the process's flight recorder, shared by all its
 // groups, or nil when it is off.
 func (pg *ProcessGroup) FlightRecorder() *FlightRecorder { return pg.recorder }
+
+// closeMetrics closes the process's metrics (the default group's).
+func (pg *ProcessGroup) closeMetrics() {
+	if pg.metricsRoot != nil {
+		pg.metricsOnce.Do(func() { _ = pg.metricsRoot.Close() })
+	}
+}
 
 func (pg *ProcessGroup) stopRecorder() {
 	if pg.recorder != nil {

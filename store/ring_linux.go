@@ -319,6 +319,7 @@ func (e *ringEngine) complete(cq uring.CQE) {
 	case tagSend:
 		buf := rc.out
 		rc.out = nil
+		e.s.sending.Add(-int64(len(buf)))
 		if cap(buf) <= ringMaxGrow {
 			rc.spare = buf[:0]
 		}
@@ -430,7 +431,9 @@ func (e *ringEngine) send(rc *ringConn) {
 	if err := e.u.Send(rc.fd, out, rc.id<<tagBits|tagSend); err != nil {
 		rc.out = nil
 		e.close(rc, err)
+		return
 	}
+	e.s.sending.Add(int64(len(out)))
 }
 
 // recv posts a receive, unless one is posted, the connection is ending,

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gocoll/gocoll/internal/uring"
@@ -53,6 +54,29 @@ type ServerOptions struct {
 	// EngineAuto, reads GOCOLL_STORE_ENGINE and otherwise uses io_uring
 	// where the kernel has it.
 	Engine Engine
+	// Observer, when set, is told of every request the server handles
+	// (package metrics counts them). Nil costs nothing per request.
+	Observer ServerObserver
+}
+
+// ServerObserver sees a TCPServer's requests, for metrics. Request runs on
+// the goroutine or the io_uring thread that handled the request, so it
+// must be quick and safe for concurrent use.
+type ServerObserver interface {
+	// Request reports one request: its op ("SET", "GET", "WAIT", …) and
+	// how long the server took to handle it (not the client's wait: a
+	// WAIT's time is that of registering it).
+	Request(op string, d time.Duration)
+}
+
+// ServerStats is a TCPServer's state at one moment (Stats).
+type ServerStats struct {
+	// Conns is the number of open client connections.
+	Conns int
+	// SendingBytes is the reply bytes being written to clients that have
+	// not yet taken them (a client that does not read holds them here, up
+	// to the write timeout).
+	SendingBytes int64
 }
 
 // Engine is how a TCPServer drives its connections. Both engines speak the
@@ -152,6 +176,8 @@ type TCPServer struct {
 	log  *slog.Logger
 	ring *ringEngine // nil: every connection has its own goroutine
 
+	sending atomic.Int64 // reply bytes handed to a write not yet complete (Stats)
+
 	connMu sync.Mutex
 	conns  map[*srvConn]struct{}
 	closed bool
@@ -239,6 +265,12 @@ func (s *TCPServer) Close() error {
 	}
 	s.wg.Wait()
 	return err
+}
+
+// Stats returns the server's connection count and the reply bytes it is
+// sending; metrics read it at each scrape.
+func (s *TCPServer) Stats() ServerStats {
+	return ServerStats{Conns: s.numConns(), SendingBytes: s.sending.Load()}
 }
 
 // numConns counts the open client connections.

@@ -151,7 +151,9 @@ func (c *srvConn) flush() error {
 	if c.nc != nil {
 		_ = c.nc.SetWriteDeadline(time.Now().Add(c.s.opts.WriteTimeout))
 	}
+	c.s.sending.Add(int64(len(buf)))
 	_, err := c.w.Write(buf)
+	c.s.sending.Add(-int64(len(buf)))
 	if cap(buf) <= 64<<10 {
 		c.spare = buf[:0]
 	} else {

@@ -1,6 +1,9 @@
 package store
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // handlers maps each op to the function that reads its fields from the
 // connection and runs it on the server state: a handle method, or, for an
@@ -37,7 +40,14 @@ func (c *srvConn) handleOne() error {
 	if err != nil {
 		return err
 	}
-	if h := handlers[decodeOp(c.dialect, code)]; h != nil {
+	o := decodeOp(c.dialect, code)
+	if h := handlers[o]; h != nil {
+		if obs := c.s.opts.Observer; obs != nil {
+			start := time.Now()
+			err := h(c)
+			obs.Request(o.String(), time.Since(start))
+			return err
+		}
 		return h(c)
 	}
 	return fmt.Errorf("%w: unknown query code %d (0x%02x) for dialect %s", errMalformed, code, code, c.dialect)
