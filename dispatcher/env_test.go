@@ -107,6 +107,9 @@ func TestResolveConfigRejects(t *testing.T) {
 		{"heartbeat 0", Config{}, map[string]string{"GOCOLL_HEARTBEAT_TIMEOUT_SEC": "0"}, `GOCOLL_HEARTBEAT_TIMEOUT_SEC="0": want a positive value`},
 		{"heartbeat field", Config{Monitor: MonitorOptions{HeartbeatTimeout: -1}}, nil, "dispatcher.MonitorOptions.HeartbeatTimeout=-1ns"},
 		{"coord check", Config{}, map[string]string{"TORCH_NCCL_COORD_CHECK_MILSEC": "1s"}, `TORCH_NCCL_COORD_CHECK_MILSEC="1s": want an integer number of milliseconds`},
+		{"metrics addr", Config{}, map[string]string{"GOCOLL_METRICS_ADDR": "9400"}, `GOCOLL_METRICS_ADDR="9400": want host:port`},
+		{"metrics port", Config{}, map[string]string{"GOCOLL_METRICS_ADDR": ":http"}, `GOCOLL_METRICS_ADDR=":http": want a port number`},
+		{"metrics addr field", Config{MetricsAddr: "localhost"}, nil, `dispatcher.Config.MetricsAddr="localhost": want host:port`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := resolveConfig(c.in, knob.Map(c.env))
@@ -158,8 +161,8 @@ func TestREADMEListsVariables(t *testing.T) {
 	if _, err := resolveConfig(Config{}, func(n string) (string, bool) { read = append(read, n); return "", false }); err != nil {
 		t.Fatal(err)
 	}
-	if len(read) != 16 {
-		t.Fatalf("%d variables read, want 16: %v", len(read), read)
+	if len(read) != 17 {
+		t.Fatalf("%d variables read, want 17: %v", len(read), read)
 	}
 	var torchrun []string
 	if _, err := readEnv(func(n string) (string, bool) {
