@@ -82,9 +82,9 @@ type opCall struct {
 	info    OpInfo
 	backend backend.Backend
 	// Set only while metrics are on: the device type and the time the op
-	// was numbered.
+	// was numbered (Mono).
 	dt     tensor.DeviceType
-	issued time.Time
+	issued time.Duration
 }
 
 // checker starts the argument checks of op, failing at once when the group
@@ -157,16 +157,17 @@ func (pg *ProcessGroup) begin(ctx context.Context, op backend.Op, dev tensor.Dev
 		meta:    backend.Meta{Op: op, Seq: seq, Timeout: timeout},
 		backend: b,
 	}
-	if pg.metrics != nil {
-		call.dt, call.issued = dev.Type, time.Now()
-	}
 	if pg.hooked() {
-		now := call.issued
-		if now.IsZero() {
-			now = time.Now()
-		}
+		now := time.Now()
 		call.info = OpInfo{Group: pg.name, GroupDesc: pg.desc, GroupSize: pg.size, Rank: pg.rank, Op: op,
 			Backend: b.Name(), Device: dev, Seq: seq, CollSeq: coll, P2PSeq: p2p, Peer: -1, Timeout: timeout, Issued: now}
+		if pg.metrics != nil {
+			// The hooks' time serves the metrics too: its monotonic
+			// reading makes Sub read no clock.
+			call.dt, call.issued = dev.Type, now.Sub(monoEpoch)
+		}
+	} else if pg.metrics != nil {
+		call.dt, call.issued = dev.Type, Mono()
 	}
 	return call, nil
 }

@@ -30,7 +30,7 @@ type fakeOp struct {
 	group  string
 	op     backend.Op
 	dt     tensor.DeviceType
-	issued time.Time
+	issued time.Duration
 	work   bool
 	err    error
 }
@@ -63,7 +63,7 @@ type fakeGroup struct {
 	name string
 }
 
-func (g fakeGroup) Op(op backend.Op, dt tensor.DeviceType, issued time.Time, w backend.Work, err error) {
+func (g fakeGroup) Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w backend.Work, err error) {
 	g.f.mu.Lock()
 	defer g.f.mu.Unlock()
 	g.f.ops = append(g.f.ops, fakeOp{g.name, op, dt, issued, w != nil, err})
@@ -87,7 +87,7 @@ func (g fakeGroup) Close() {
 func TestMetricsReported(t *testing.T) {
 	f := &fakeMetrics{}
 	t.Setenv("LOCAL_RANK", "2")
-	before := time.Now()
+	before := Mono()
 	pg, err := Init(context.Background(), Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "cpu:reccpu,cuda:reccuda",
 		BackendOptions: map[string]any{"reccpu": &callLog{}, "reccuda": &callLog{}}, Metrics: f, MetricsAddr: "127.0.0.1:9400"})
 	if err != nil {
@@ -141,7 +141,7 @@ func TestMetricsReported(t *testing.T) {
 	}
 	for i, w := range want {
 		o := f.ops[i]
-		if o.group != w.group || o.op != w.op || o.dt != w.dt || o.work != w.ok || (o.err == nil) != w.ok || o.issued.Before(before) {
+		if o.group != w.group || o.op != w.op || o.dt != w.dt || o.work != w.ok || (o.err == nil) != w.ok || o.issued < before || o.issued > Mono() {
 			t.Errorf("op %d: %+v, want %+v", i, o, w)
 		}
 		var oe *backend.OpError

@@ -62,9 +62,10 @@ func init() {
 	dispatcher.RegisterMetrics(func() (dispatcher.Metrics, error) { return New(Options{}), nil })
 }
 
-// DefaultBuckets are the latency buckets, in seconds: powers of 4 from
-// 1 µs to 67 s, so that an 8-byte allreduce (µs) and a stalled one
-// (seconds) both land in a bucket of their own.
+// DefaultBuckets are the store's request latency buckets, in seconds:
+// powers of 4 from 1 µs to 67 s. The op latency buckets are the same
+// powers of 4, from 1.024 µs (2^10 ns) to 68.7 s, fixed, since they are
+// found from a latency's bit length.
 var DefaultBuckets = prometheus.ExponentialBuckets(1e-6, 4, 14)
 
 // Options configure an Exporter. The zero value is the defaults.
@@ -73,8 +74,6 @@ type Options struct {
 	// Exporter's own. Handler and the listener at dispatcher.Config's
 	// MetricsAddr serve it.
 	Registry *prometheus.Registry
-	// Buckets are the op latency buckets in seconds (nil: DefaultBuckets).
-	Buckets []float64
 	// StoreBuckets are the store request latency buckets in seconds (nil:
 	// DefaultBuckets).
 	StoreBuckets []float64
@@ -97,10 +96,7 @@ type Exporter struct {
 	opts Options
 	reg  *prometheus.Registry
 
-	issued   *prometheus.CounterVec
-	latency  *prometheus.HistogramVec
 	failures *prometheus.CounterVec
-	captured *prometheus.CounterVec
 	timeouts *prometheus.CounterVec
 	aborts   *prometheus.CounterVec
 	store    *prometheus.HistogramVec
@@ -128,9 +124,6 @@ func New(opts Options) *Exporter {
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
-	if opts.Buckets == nil {
-		opts.Buckets = DefaultBuckets
-	}
 	if opts.StoreBuckets == nil {
 		opts.StoreBuckets = DefaultBuckets
 	}
@@ -143,16 +136,9 @@ func New(opts Options) *Exporter {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	opLabels := []string{"group", "group_desc", "backend", "op"}
 	e := &Exporter{opts: opts, reg: opts.Registry, stop: make(chan struct{}), rank: -1,
-		issued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gocoll_ops_issued_total",
-			Help: "Ops the dispatcher numbered and handed to the backend."}, opLabels),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gocoll_op_duration_seconds",
-			Help: "Issue to completion of the ops that succeeded; _count is the completed ops.", Buckets: opts.Buckets}, opLabels),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gocoll_op_failures_total",
 			Help: "Ops that failed, at issue or later, by error kind."}, append(opLabels, "kind")),
-		captured: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gocoll_ops_captured_total",
-			Help: "Ops captured into a CUDA graph: they run at each replay and never complete here."}, opLabels),
 		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gocoll_timeouts_total",
 			Help: "Ops that timed out."}, []string{"group", "group_desc", "backend"}),
 		aborts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gocoll_aborts_total",
@@ -194,7 +180,7 @@ func (e *Exporter) Start(p dispatcher.MetricsProcess) error {
 	}
 	e.rank, e.dumps = p.Rank, p.Dumps
 	e.wrapped = prometheus.WrapRegistererWith(prometheus.Labels{"rank": strconv.Itoa(p.Rank)}, e.reg)
-	cs := []prometheus.Collector{e.issued, e.latency, e.failures, e.captured, e.timeouts, e.aborts, e.store,
+	cs := []prometheus.Collector{e.failures, e.timeouts, e.aborts, e.store,
 		stateCollector{e}}
 	for _, c := range cs {
 		if err := e.wrapped.Register(c); err != nil {
@@ -294,6 +280,9 @@ var (
 // source, so the collector is unchecked for them (DescribeByCollect would
 // call NVML at registration).
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descIssued
+	ch <- descLatency
+	ch <- descCaptured
 	ch <- descBeatAge
 	ch <- descDumps
 	ch <- descStoreConns
@@ -312,6 +301,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	e.mu.Unlock()
 	now := time.Now()
 	for _, g := range groups {
+		g.collect(ch)
 		if g.closed.Load() {
 			continue
 		}

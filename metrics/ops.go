@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"errors"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,13 +31,69 @@ type group struct {
 	closed atomic.Bool
 }
 
-// opSeries are the children of one (group, backend, op), resolved once so
-// that an op touches no label map.
+// opSeries are the counts of one (group, backend, op), kept in atomics of
+// their own and read by the Exporter's collector at each scrape, so that
+// an op touches no label map and no lock: an issued count, a captured
+// count and the latency histogram.
 type opSeries struct {
-	issued   prometheus.Counter
-	latency  prometheus.Observer
-	captured prometheus.Counter
+	issued   atomic.Uint64
+	captured atomic.Uint64
+	latency  latency
 	labels   []string // group, group_desc, backend, op
+}
+
+// The latency buckets: upper bounds of 2^(10+2i) ns, i = 0 … numBuckets-1,
+// that is powers of 4 from 1.024 µs to 68.7 s, and +Inf after them. A
+// bucket is found from the bit length of the latency, with no search.
+const (
+	numBuckets  = 14
+	firstBucket = 10 // log2 of the first bound, in ns
+)
+
+// bucketBounds are the bounds in seconds, as exported.
+var bucketBounds = func() []float64 {
+	b := make([]float64, numBuckets)
+	for i := range b {
+		b[i] = float64(uint64(1)<<(firstBucket+2*i)) / 1e9
+	}
+	return b
+}()
+
+// latency is a histogram of op latencies in atomics: a count per bucket
+// (not cumulative; the collector sums them) and the sum in ns.
+type latency struct {
+	counts [numBuckets + 1]atomic.Uint64 // the last is +Inf
+	sumNs  atomic.Int64
+}
+
+// bucketOf returns the bucket of a latency of ns nanoseconds: the first i
+// with ns <= 2^(firstBucket+2i), or numBuckets (+Inf).
+func bucketOf(ns int64) int {
+	if ns <= 1<<firstBucket {
+		return 0
+	}
+	l := bits.Len64(uint64(ns - 1)) // ns <= 2^l
+	i := (l - firstBucket + 1) / 2
+	return min(i, numBuckets)
+}
+
+func (h *latency) observe(d time.Duration) {
+	ns := max(int64(d), 0)
+	h.counts[bucketOf(ns)].Add(1)
+	h.sumNs.Add(ns)
+}
+
+// snapshot returns the count, the sum in seconds and the cumulative
+// bucket counts by bound, as prometheus.NewConstHistogram takes them.
+func (h *latency) snapshot() (uint64, float64, map[float64]uint64) {
+	cum := make(map[float64]uint64, numBuckets)
+	var n uint64
+	for i := range numBuckets {
+		n += h.counts[i].Load()
+		cum[bucketBounds[i]] = n
+	}
+	n += h.counts[numBuckets].Load()
+	return n, float64(h.sumNs.Load()) / 1e9, cum
 }
 
 // Group implements dispatcher.Metrics.
@@ -59,9 +116,7 @@ func (g *group) seriesOf(op backend.Op, dt tensor.DeviceType) *opSeries {
 	if s := g.series[i].Load(); s != nil {
 		return s
 	}
-	l := []string{g.info.Name, g.info.Desc, g.info.Backends[dt], op.String()}
-	s := &opSeries{issued: g.e.issued.WithLabelValues(l...), latency: g.e.latency.WithLabelValues(l...),
-		captured: g.e.captured.WithLabelValues(l...), labels: l}
+	s := &opSeries{labels: []string{g.info.Name, g.info.Desc, g.info.Backends[dt], op.String()}}
 	g.series[i].Store(s)
 	return s
 }
@@ -70,34 +125,34 @@ func (g *group) seriesOf(op backend.Op, dt tensor.DeviceType) *opSeries {
 // already (an op the backend finished inline) is recorded here; any other
 // Work goes to the follower of its device type, so that the issuing
 // goroutine never queries a device.
-func (g *group) Op(op backend.Op, dt tensor.DeviceType, issued time.Time, w backend.Work, err error) {
+func (g *group) Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w backend.Work, err error) {
 	if int(op) >= g.nops || int(dt) >= numDev {
 		return
 	}
 	s := g.seriesOf(op, dt)
-	s.issued.Inc()
+	s.issued.Add(1)
 	if err != nil {
 		g.failed(s, err)
 		return
 	}
 	if hw, ok := w.(*backend.HostWork); ok && hw.IsCompleted() {
-		g.finished(s, issued, time.Now(), hw.Exception())
+		g.finished(s, issued, dispatcher.Mono(), hw.Exception())
 		return
 	}
 	if c, ok := w.(backend.CaptureReporter); ok && c.Captured() {
-		s.captured.Inc()
+		s.captured.Add(1)
 		return
 	}
 	g.follower(dt).push(pendingOp{w: w, s: s, issued: issued})
 }
 
-// finished records an op that completed at now.
-func (g *group) finished(s *opSeries, issued, now time.Time, err error) {
+// finished records an op that completed at now (both on the Mono clock).
+func (g *group) finished(s *opSeries, issued, now time.Duration, err error) {
 	if err != nil {
 		g.failed(s, err)
 		return
 	}
-	s.latency.Observe(now.Sub(issued).Seconds())
+	s.latency.observe(now - issued)
 }
 
 // kinds are the error kinds of the failures series, in the order they are
@@ -158,7 +213,7 @@ func (g *group) follower(dt tensor.DeviceType) *follower {
 type pendingOp struct {
 	w      backend.Work
 	s      *opSeries
-	issued time.Time
+	issued time.Duration
 }
 
 // follower waits for the works of one group and device type, in issue
@@ -218,7 +273,7 @@ func (f *follower) run() {
 		if !f.await(p.w, timer) {
 			return
 		}
-		f.g.finished(p.s, p.issued, time.Now(), p.w.Exception())
+		f.g.finished(p.s, p.issued, dispatcher.Mono(), p.w.Exception())
 	}
 }
 
@@ -258,5 +313,29 @@ func (f *follower) await(w backend.Work, timer *time.Timer) bool {
 			return false
 		}
 		poll = min(2*poll, f.g.e.opts.Poll)
+	}
+}
+
+// The series of the ops, made at each scrape from the atomics.
+var (
+	opLabels     = []string{"group", "group_desc", "backend", "op"}
+	descIssued   = prometheus.NewDesc("gocoll_ops_issued_total", "Ops the dispatcher numbered and handed to the backend.", opLabels, nil)
+	descLatency  = prometheus.NewDesc("gocoll_op_duration_seconds", "Issue to completion of the ops that succeeded; _count is the completed ops.", opLabels, nil)
+	descCaptured = prometheus.NewDesc("gocoll_ops_captured_total", "Ops captured into a CUDA graph: they run at each replay and never complete here.", opLabels, nil)
+)
+
+// collect sends the group's op series.
+func (g *group) collect(ch chan<- prometheus.Metric) {
+	for i := range g.series {
+		s := g.series[i].Load()
+		if s == nil {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(descIssued, prometheus.CounterValue, float64(s.issued.Load()), s.labels...)
+		n, sum, cum := s.latency.snapshot()
+		ch <- prometheus.MustNewConstHistogram(descLatency, n, sum, cum, s.labels...)
+		if c := s.captured.Load(); c > 0 {
+			ch <- prometheus.MustNewConstMetric(descCaptured, prometheus.CounterValue, float64(c), s.labels...)
+		}
 	}
 }

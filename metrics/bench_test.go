@@ -1,0 +1,71 @@
+package metrics_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/dispatcher"
+	"github.com/gocoll/gocoll/metrics"
+	"github.com/gocoll/gocoll/store"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// nop is a backend whose allreduce costs nothing, as in dispatcher's
+// BenchmarkDispatchAllreduce, so that the benchmark measures the
+// dispatcher and the metrics alone.
+type nop struct{ backend.Unimplemented }
+
+var doneWork = backend.CompletedWork(0, nil, nil)
+
+func (*nop) Name() string { return "nopbench" }
+func (*nop) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Devices: []tensor.DeviceType{tensor.CPU}}
+}
+func (*nop) Rank() int                          { return 0 }
+func (*nop) Size() int                          { return 1 }
+func (*nop) Close(context.Context) error        { return nil }
+func (*nop) Abort(context.Context, error) error { return nil }
+func (*nop) Allreduce(context.Context, backend.Meta, []*tensor.Tensor, backend.AllreduceOptions) (backend.Work, error) {
+	return doneWork, nil
+}
+
+func init() {
+	backend.Register(backend.Driver{Name: "nopbench", Devices: []tensor.DeviceType{tensor.CPU},
+		New: func(context.Context, backend.Config) (backend.Backend, error) { return &nop{}, nil }})
+}
+
+// BenchmarkDispatchAllreduce is dispatcher's benchmark of the same name
+// with metrics off and on (an Exporter over its own registry, no
+// listener), with the flight recorder off and on: the difference is the
+// metrics' cost per op.
+func BenchmarkDispatchAllreduce(b *testing.B) {
+	for _, c := range []struct {
+		name    string
+		entries int
+		metrics bool
+	}{{"recorder-off/metrics-off", -1, false}, {"recorder-off/metrics-on", -1, true},
+		{"recorder-on/metrics-off", 0, false}, {"recorder-on/metrics-on", 0, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			cfg := dispatcher.Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "nopbench",
+				FlightRecorder: dispatcher.FlightRecorderOptions{Entries: c.entries, DumpPrefix: b.TempDir() + "/r"}}
+			if c.metrics {
+				cfg.Metrics = metrics.New(metrics.Options{})
+			}
+			pg, err := dispatcher.Init(context.Background(), cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pg.Close(context.Background())
+			ctx := context.Background()
+			x := []*tensor.Tensor{tensor.New(tensor.Float32, 1024)}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := pg.Allreduce(ctx, x, backend.AllreduceOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
