@@ -189,6 +189,10 @@ func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 		return nil, err
 	}
 	sopts := store.TCPStoreOptions{IsMaster: env.Rank == 0, ClientOptions: copts}
+	if sopts.IsMaster {
+		// The server logs as the dispatcher does, naming the rank.
+		sopts.Server.Logger = slog.Default().With("rank", env.Rank)
+	}
 	var srv atomic.Pointer[store.TCPServer]
 	if m != nil && sopts.IsMaster && !env.UseAgentStore {
 		sopts.Server.Observer = m.StoreServer(func() store.ServerStats {

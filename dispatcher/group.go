@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
@@ -535,8 +536,11 @@ func (pg *ProcessGroup) Abort(ctx context.Context, reason error) error {
 	}
 	var errs []error
 	for _, g := range pg.family() {
-		if g.abortReason.CompareAndSwap(nil, &reason) && g.metrics != nil {
-			g.metrics.Aborted(reason)
+		if g.abortReason.CompareAndSwap(nil, &reason) {
+			slog.Warn("gocoll: group aborted", "group", g.desc, "rank", g.rank, "seq", g.collSeq.Load(), "reason", reason)
+			if g.metrics != nil {
+				g.metrics.Aborted(reason)
+			}
 		}
 		g.closed.Store(true)
 		for _, b := range g.distinct() {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -196,6 +197,7 @@ func TestOpsCounted(t *testing.T) {
 // counted as a failure of kind timeout and in the timeouts series, not as
 // completed; the flight recorder's dump and a later Abort are counted too.
 func TestTimeoutAbortDump(t *testing.T) {
+	logs := captureLogs(t)
 	pgs, exps := initRanks(t, 2, dispatcher.Config{})
 	ctx := context.Background()
 	w, err := pgs[0].Allreduce(ctx, []*tensor.Tensor{tensor.New(tensor.Float32, 4)}, backend.AllreduceOptions{Timeout: 300 * time.Millisecond})
@@ -232,6 +234,65 @@ func TestTimeoutAbortDump(t *testing.T) {
 	if v, _ := value(fams, "gocoll_ops_issued_total", map[string]string{"rank": "0", "op": "allreduce"}); v != 1 {
 		t.Errorf("issued %v after a refused op, want 1", v)
 	}
+
+	// The fault paths log through slog with the group, rank and seq.
+	for _, want := range []map[string]string{
+		{"msg": "gocoll cpupool: op failed", "group": "default_pg", "rank": "0", "seq": "1", "op": "allreduce"},
+		{"msg": "gocoll: group aborted", "group": "default_pg", "rank": "0", "seq": "1"},
+	} {
+		if !logs.has(want) {
+			t.Errorf("no log record %v in %v", want, logs.all())
+		}
+	}
+}
+
+// records keeps the slog records of a test.
+type records struct {
+	mu   sync.Mutex
+	recs []map[string]string
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *records) WithGroup(string) slog.Handler            { return r }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	m := map[string]string{"msg": rec.Message}
+	rec.Attrs(func(a slog.Attr) bool {
+		m[a.Key] = a.Value.String()
+		return true
+	})
+	r.mu.Lock()
+	r.recs = append(r.recs, m)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *records) all() []map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]map[string]string(nil), r.recs...)
+}
+
+func (r *records) has(want map[string]string) bool {
+next:
+	for _, m := range r.all() {
+		for k, v := range want {
+			if m[k] != v {
+				continue next
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// captureLogs makes slog.Default keep its records until the test ends.
+func captureLogs(t *testing.T) *records {
+	r := &records{}
+	old := slog.Default()
+	slog.SetDefault(slog.New(r))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	return r
 }
 
 // GOCOLL_METRICS_ADDR alone turns metrics on (the blank-imported package's

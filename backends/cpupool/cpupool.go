@@ -36,6 +36,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"runtime"
@@ -713,6 +714,7 @@ func (b *Backend) explainTimeout(e *backend.OpError, j *job) {
 			}
 		case watch.Fail:
 			// e is the job's error: runJob completes the work with it.
+			slog.Error("gocoll cpupool: op failed", "group", b.cfg.GroupDesc, "rank", b.cfg.Rank, "seq", j.seq, "op", j.op.String(), "err", e)
 		}
 	}
 }

@@ -229,7 +229,10 @@ func (b *Backend) perform(ctx context.Context, acts []watch.Action[*Work], reaso
 				e.Detail += "; flight recorder dump: " + path
 			}
 		case watch.Fail:
-			a.Failure.Work.fail(errs.Of(a.Failure))
+			e := errs.Of(a.Failure)
+			slog.Error("gocoll nccl: op failed", "group", b.cfg.GroupDesc, "rank", b.rank, "seq", a.Failure.Work.seq,
+				"op", a.Failure.Work.op.String(), "err", e)
+			a.Failure.Work.fail(e)
 		case watch.Signal:
 			b.publishRemoteError(errs.Of(a.Failure))
 		case watch.Abort:
@@ -246,8 +249,11 @@ func (b *Backend) perform(ctx context.Context, acts []watch.Action[*Work], reaso
 				b.abortAll(ctx, cause)
 			}
 		case watch.Fatal:
-			slog.Error("gocoll nccl: fatal: ending the process", "rank", b.rank, "group", b.cfg.GroupDesc,
-				"policy", b.opts.ErrorPolicy.String(), "err", errs.Of(a.Failure))
+			attrs := []any{"rank", b.rank, "group", b.cfg.GroupDesc, "policy", b.opts.ErrorPolicy.String(), "err", errs.Of(a.Failure)}
+			if a.Failure != nil && a.Failure.Work != nil {
+				attrs = append(attrs, "seq", a.Failure.Work.seq, "op", a.Failure.Work.op.String())
+			}
+			slog.Error("gocoll nccl: fatal: ending the process", attrs...)
 		case watch.Exit:
 			if a.Grace > 0 {
 				b.edge.sleep(a.Grace)

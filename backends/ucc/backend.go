@@ -513,7 +513,10 @@ func (b *Backend) perform(acts []watch.Action[*work]) {
 				e.Detail += "; flight recorder dump: " + path
 			}
 		case watch.Fail:
-			a.Failure.Work.fail(errs.Of(a.Failure))
+			e := errs.Of(a.Failure)
+			slog.Error("gocoll ucc: op failed", "group", b.cfg.GroupDesc, "rank", b.cfg.Rank, "seq", a.Failure.Work.seq,
+				"op", a.Failure.Work.op.String(), "err", e)
+			a.Failure.Work.fail(e)
 		}
 	}
 }
