@@ -303,6 +303,7 @@ func TestEnvListenerAndStore(t *testing.T) {
 	storePort := freePorts(t, 1)
 	t.Setenv("GOCOLL_METRICS_ADDR", "127.0.0.1:"+strconv.Itoa(base))
 	t.Setenv("LOCAL_RANK", "1")
+	t.Setenv("LOCAL_WORLD_SIZE", "2")
 	t.Setenv("RANK", "0")
 	t.Setenv("WORLD_SIZE", "1")
 	t.Setenv("MASTER_ADDR", "127.0.0.1")
