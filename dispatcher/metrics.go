@@ -23,9 +23,8 @@ import (
 // Init takes ownership of a Metrics: Start is called once, before any
 // group exists, and Close when the default group closes.
 type Metrics interface {
-	// Start is called once by Init (or InitFromEnv, before the store
-	// exists) with what the process is. With p.Addr set it serves
-	// http://p.Addr/metrics; an error (the port is taken) fails Init.
+	// Start is called once by Init with what the process is. With p.Addr
+	// set it serves http://p.Addr/metrics. An error fails Init.
 	Start(p MetricsProcess) error
 	// Group is called once for each group this process is a member of,
 	// when the group is made; the group's ops and aborts go to the result.

@@ -171,7 +171,9 @@ func (e *Exporter) Addr() net.Addr {
 }
 
 // Start implements dispatcher.Metrics: it registers the series, labelled
-// with the rank, and serves /metrics at p.Addr when set.
+// with the rank, and serves /metrics at p.Addr when set. An address it
+// cannot listen on is logged, not returned: the job goes on without the
+// listener.
 func (e *Exporter) Start(p dispatcher.MetricsProcess) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -194,8 +196,13 @@ func (e *Exporter) Start(p dispatcher.MetricsProcess) error {
 	}
 	ln, err := net.Listen("tcp", p.Addr)
 	if err != nil {
-		e.unregisterLocked()
-		return fmt.Errorf("metrics: listening on %s (dispatcher.Config.MetricsAddr or %s): %w", p.Addr, dispatcher.MetricsAddrEnv, err)
+		// Metrics must not take a job down: a port that another process
+		// holds (a stale rank, a failure spec's child beside its parent)
+		// costs the listener, not Init. A malformed address failed Init
+		// already, in the dispatcher.
+		e.opts.Logger.Error("gocoll metrics: cannot serve /metrics; the series are still counted (Exporter.Handler serves them)",
+			"rank", p.Rank, "addr", p.Addr, "variable", dispatcher.MetricsAddrEnv, "err", err)
+		return nil
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", e.Handler())
