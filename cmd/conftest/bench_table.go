@@ -367,7 +367,11 @@ func writeTable(w io.Writer, r *benchReport) {
 	defer bw.Flush()
 	ours := r.Series[0]
 	peers := r.Series[1:]
-	fmt.Fprintf(bw, "#\n# %s, %s, %d ranks, float; -n %s -w %d -c %d", r.Op, ours.Name, r.NProc, itersText(r.Iters), r.Warmup, b2i(r.Check))
+	warm := strconv.Itoa(r.Warmup)
+	if r.Iters == 0 {
+		warm = "adaptive" // a tenth of the adaptive count
+	}
+	fmt.Fprintf(bw, "#\n# %s, %s, %d ranks, float; -n %s -w %s -c %d", r.Op, ours.Name, r.NProc, itersText(r.Iters), warm, b2i(r.Check))
 	if r.Repeat > 1 {
 		fmt.Fprintf(bw, "; fastest of %d interleaved runs", r.Repeat)
 	}
