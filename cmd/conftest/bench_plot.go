@@ -171,7 +171,8 @@ func plotBench(files []plotFile, metric, mode, op, title string) (*plot.Plot, er
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Add(plotter.NewGrid())
-	p.Legend.Top, p.Legend.Left = true, true
+	// Bottom right: bandwidth grows with size, so the lines leave that corner empty.
+	p.Legend.Top, p.Legend.Left = false, false
 	for i, l := range lines {
 		ln, pt, err := plotter.NewLinePoints(l.pts)
 		if err != nil {
