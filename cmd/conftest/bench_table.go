@@ -431,7 +431,11 @@ func writeTable(w io.Writer, r *benchReport) {
 		}
 		line(cols...)
 	}
-	fmt.Fprintf(bw, "# #wrong (all series): %d\n", r.wrongTotal())
+	if r.Check {
+		fmt.Fprintf(bw, "# #wrong (all series): %d\n", r.wrongTotal())
+	} else {
+		fmt.Fprintln(bw, "# #wrong: not checked (-c 1 checks)")
+	}
 	if nBus > 0 {
 		fmt.Fprintf(bw, "# Avg bus bandwidth (%s): %.4g GB/s\n", ours.Name, sumBus/float64(nBus))
 	}
