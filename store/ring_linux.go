@@ -39,6 +39,11 @@ type ringEngine struct {
 	ids   uint64
 	dirty []*ringConn // connections whose woken WAITs queued replies
 	quit  bool
+	// budgetWait holds the connections paused for the memory budget (a
+	// reply or a request buffer that did not fit); they run again after
+	// memory is released (retryBudget set) and at every tick.
+	budgetWait  []*ringConn
+	retryBudget bool
 
 	mu       sync.Mutex // guards the mailbox below
 	incoming []*ringConn
@@ -65,6 +70,14 @@ type ringConn struct {
 
 	detected, recving, closing, isDirty bool
 	held                                bool // requests wait for replies to drain
+	budgetWaiting                       bool // in the engine's budgetWait
+	// inCharged is the part of in's capacity over ringMinRecv that the
+	// memory budget holds.
+	inCharged int
+	// partialSince is when the request at the head of in began to
+	// arrive, zero when in holds no partial request: FrameTimeout runs
+	// from it.
+	partialSince time.Time
 	// ending: no more requests are read; the connection closes with
 	// endErr once the replies already queued are sent.
 	ending bool
@@ -213,6 +226,9 @@ func (e *ringEngine) run() {
 			e.send(rc)
 		}
 		e.dirty = e.dirty[:0]
+		if e.retryBudget {
+			e.runBudgetWaiters()
+		}
 		if e.poll() {
 			continue
 		}
@@ -293,6 +309,7 @@ func (e *ringEngine) complete(cq uring.CQE) {
 			e.armEvent()
 		case tag == tagTick:
 			e.checkWrites()
+			e.retryBudget = true
 			e.armTick()
 		}
 		return
@@ -320,6 +337,13 @@ func (e *ringEngine) complete(cq uring.CQE) {
 		buf := rc.out
 		rc.out = nil
 		e.s.sending.Add(-int64(len(buf)))
+		rc.c.outMu.Lock()
+		rc.c.sending = 0
+		rc.c.sentLocked(len(buf))
+		rc.c.outMu.Unlock()
+		if len(e.budgetWait) > 0 {
+			e.retryBudget = true
+		}
 		if cap(buf) <= ringMaxGrow {
 			rc.spare = buf[:0]
 		}
@@ -369,6 +393,7 @@ func (e *ringEngine) handle(rc *ringConn) error {
 		c.dialect = DialectV1
 		if b[0] == 0 { // see serveStream
 			if len(b) < 5 {
+				e.partial(rc, true)
 				return nil
 			}
 			if uint32(b[1])|uint32(b[2])<<8|uint32(b[3])<<16|uint32(b[4])<<24 == validationMagic {
@@ -379,21 +404,31 @@ func (e *ringEngine) handle(rc *ringConn) error {
 		rc.detected, rc.need = true, 1
 	}
 	rc.held = false
+	partial := false
 	for rc.detected && len(b) >= rc.need {
-		// Requests stop while the queued replies exceed maxQueuedReplies
-		// (a GET is small and its reply may be megabytes), and nothing
-		// more is read; they go on after the next send.
-		if c.queued() > maxQueuedReplies {
+		// Requests stop while the connection holds more than its share of
+		// replies (a GET is small and its reply may be megabytes), and
+		// nothing more is read; they go on after the next send.
+		if c.overShare() {
 			rc.held = true
 			break
 		}
 		n, need := frameLen(c.dialect, &e.s.opts, b)
 		if n == 0 {
 			rc.need = need
+			partial = true
 			break
 		}
 		rc.src.b = b[:n]
 		if err := c.handleOne(); err != nil {
+			if errors.Is(err, errOverBudget) {
+				// The reply does not fit the budget: the request stays
+				// in, to run again once memory is released.
+				rc.src.b = nil
+				rc.held = true
+				e.waitBudget(rc)
+				break
+			}
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 				return fmt.Errorf("%w: %w", errFrameMismatch, err)
 			}
@@ -407,8 +442,44 @@ func (e *ringEngine) handle(rc *ringConn) error {
 		rc.need = 1
 		c.trimScratch()
 	}
+	if rc.detected && !partial && len(b) > 0 && len(b) < rc.need {
+		partial = true
+	}
+	e.partial(rc, partial)
 	rc.in = rc.in[:copy(rc.in, b)]
 	return nil
+}
+
+// partial records whether rc.in ends in a request not complete yet.
+func (e *ringEngine) partial(rc *ringConn, yes bool) {
+	switch {
+	case !yes:
+		rc.partialSince = time.Time{}
+	case rc.partialSince.IsZero():
+		rc.partialSince = time.Now()
+	}
+}
+
+// waitBudget parks rc until memory is released.
+func (e *ringEngine) waitBudget(rc *ringConn) {
+	if !rc.budgetWaiting {
+		rc.budgetWaiting = true
+		e.budgetWait = append(e.budgetWait, rc)
+	}
+}
+
+// runBudgetWaiters runs the connections paused for the budget again: their
+// held requests, then their receives.
+func (e *ringEngine) runBudgetWaiters() {
+	e.retryBudget = false
+	waiting := e.budgetWait
+	e.budgetWait = nil
+	for _, rc := range waiting {
+		rc.budgetWaiting = false
+		if !rc.closing && !rc.ending {
+			e.received(rc)
+		}
+	}
 }
 
 // send starts sending rc's queued replies, one send at a time so that they
@@ -427,6 +498,9 @@ func (e *ringEngine) send(rc *ringConn) {
 	if len(out) == 0 {
 		return
 	}
+	c.outMu.Lock()
+	c.sending = len(out)
+	c.outMu.Unlock()
 	rc.out, rc.sentAt = out, time.Now()
 	if err := e.u.Send(rc.fd, out, rc.id<<tagBits|tagSend); err != nil {
 		rc.out = nil
@@ -439,17 +513,30 @@ func (e *ringEngine) send(rc *ringConn) {
 // recv posts a receive, unless one is posted, the connection is ending,
 // or requests wait for replies to drain (handle).
 func (e *ringEngine) recv(rc *ringConn) {
-	if rc.recving || rc.closing || rc.ending || rc.held {
+	if rc.recving || rc.closing || rc.ending || rc.held || rc.budgetWaiting {
 		return
 	}
 	if len(rc.in) == 0 && cap(rc.in) > ringMaxGrow {
 		rc.in = make([]byte, 0, ringMinRecv) // let a large request's buffer go
+		e.s.budget.release(rc.inCharged)
+		rc.inCharged = 0
 	}
 	if free := cap(rc.in) - len(rc.in); free < ringMinRecv || rc.need > cap(rc.in) {
 		// Grow towards the request's known length, but at most one chunk
 		// ahead of the bytes received, so that a length field alone
-		// cannot make the server allocate.
-		rc.in = slices.Grow(rc.in, min(max(rc.need-len(rc.in), ringMinRecv), ringMaxGrow))
+		// cannot make the server allocate; and only as far as the memory
+		// budget allows: past it the connection waits (and FrameTimeout
+		// ends a request that never completes).
+		grow := min(max(rc.need-len(rc.in), ringMinRecv), ringMaxGrow)
+		if !e.s.budget.admit(rc.inCharged, grow) {
+			e.waitBudget(rc)
+			return
+		}
+		rc.in = slices.Grow(rc.in, grow)
+		if extra := cap(rc.in) - ringMinRecv - rc.inCharged; extra > 0 {
+			rc.inCharged += extra
+			e.s.budget.charge(extra)
+		}
 	}
 	if err := e.u.Recv(rc.fd, rc.in[len(rc.in):cap(rc.in)], rc.id<<tagBits|tagRecv); err != nil {
 		e.close(rc, err)
@@ -468,7 +555,10 @@ func (e *ringEngine) close(rc *ringConn, err error) {
 	if err != nil {
 		rc.c.logEnd(err)
 	}
+	e.s.budget.release(rc.inCharged)
+	rc.inCharged = 0
 	rc.c.teardown()
+	e.retryBudget = true
 	_ = syscall.Shutdown(rc.fd, syscall.SHUT_RDWR)
 	e.release(rc)
 }
@@ -487,12 +577,16 @@ func (e *ringEngine) release(rc *ringConn) {
 }
 
 // checkWrites closes connections whose client has not taken a reply
-// within WriteTimeout.
+// within WriteTimeout, or has not finished a request within FrameTimeout.
 func (e *ringEngine) checkWrites() {
-	limit := e.s.opts.WriteTimeout
+	limit, frame := e.s.opts.WriteTimeout, e.s.opts.FrameTimeout
 	for _, rc := range e.conns {
-		if rc.out != nil && !rc.closing && time.Since(rc.sentAt) > limit {
+		switch {
+		case rc.closing:
+		case rc.out != nil && time.Since(rc.sentAt) > limit:
 			e.close(rc, fmt.Errorf("write response: the client read nothing for %v", limit))
+		case !rc.partialSince.IsZero() && time.Since(rc.partialSince) > frame:
+			e.close(rc, fmt.Errorf("%w: a request began and was not complete after %v", errFrameTimeout, frame))
 		}
 	}
 }

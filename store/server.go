@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gocoll/gocoll/internal/uring"
@@ -42,13 +43,37 @@ type ServerOptions struct {
 	Secret []byte
 	// NoEnvSecret stops the server from reading GOCOLL_STORE_SECRET.
 	NoEnvSecret bool
-	// HandshakeTimeout bounds the authentication handshake (default 10 s).
+	// HandshakeTimeout bounds the authentication handshake (default 10 s):
+	// a connection that has not proved the secret by then is closed.
 	HandshakeTimeout time.Duration
+	// FrameTimeout bounds one request from its first byte to its last
+	// (default 30 s), so that a request begun and never finished (a
+	// slowloris) cannot hold a connection and its buffers. A connection
+	// idle between requests is never timed out: PyTorch's clients sit idle
+	// for hours.
+	FrameTimeout time.Duration
+	// MemoryBudget bounds, server-wide, the bytes of queued replies and
+	// request buffers (default MemoryBudgetEnv, else DefaultMemoryBudget,
+	// 256 MiB). A connection whose reply does not fit stops being read
+	// until memory is released; each connection may always hold 64 KiB,
+	// so small requests keep being answered. Stored data is not counted
+	// (MaxValueLen and MaxRequestBytes bound what one request stores).
+	MemoryBudget int64
+	// MaxWaitKeysPerConn bounds the keys one connection waits on at once
+	// (default DefaultMaxKeysPerRequest); a WAIT past it is answered
+	// WAIT_CANCELED, which clients report as an error.
+	MaxWaitKeysPerConn int
+	// MaxConns bounds the open client connections (default: the soft
+	// RLIMIT_NOFILE less a sixteenth, at least 64, for the server's own
+	// files). Past it a new connection is closed at once, and the ones
+	// open keep working.
+	MaxConns int
 	// WriteTimeout bounds one write to a client that does not read
 	// (default 30 s); the connection is closed when it expires.
 	WriteTimeout time.Duration
-	// Logger receives one line per refused or malformed connection. Nil
-	// means a text logger on standard error.
+	// Logger receives one line per refused or malformed connection, at
+	// most 10 a second (then a count of the lines left out). Nil means a
+	// text logger on standard error.
 	Logger *slog.Logger
 	// Engine selects how connections are driven. The zero value,
 	// EngineAuto, reads GOCOLL_STORE_ENGINE and otherwise uses io_uring
@@ -152,12 +177,48 @@ func (o *ServerOptions) fill() {
 	if o.HandshakeTimeout <= 0 {
 		o.HandshakeTimeout = 10 * time.Second
 	}
+	if o.FrameTimeout <= 0 {
+		o.FrameTimeout = 30 * time.Second
+	}
+	if o.MaxWaitKeysPerConn <= 0 {
+		o.MaxWaitKeysPerConn = DefaultMaxKeysPerRequest
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = defaultMaxConns()
+	}
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 30 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
+}
+
+// fillBudget applies MemoryBudgetEnv when MemoryBudget is 0.
+func (o *ServerOptions) fillBudget() error {
+	if o.MemoryBudget > 0 {
+		return nil
+	}
+	o.MemoryBudget = DefaultMemoryBudget
+	if v := os.Getenv(MemoryBudgetEnv); v != "" {
+		n, err := ParseBytes(v)
+		if err != nil {
+			return fmt.Errorf("%s: %w", MemoryBudgetEnv, err)
+		}
+		o.MemoryBudget = n
+	}
+	return nil
+}
+
+// defaultMaxConns is the soft RLIMIT_NOFILE less a sixteenth (at least
+// 64) of headroom for the listener, the ring and the process's other
+// files; the engines hold one descriptor per connection.
+func defaultMaxConns() int {
+	n := nofileLimit()
+	if n <= 0 {
+		return 1 << 16
+	}
+	return max(n-max(n/16, 64), 16)
 }
 
 // TCPServer serves the TCPStore protocol to PyTorch and Go clients. One
@@ -177,6 +238,10 @@ type TCPServer struct {
 	ring *ringEngine // nil: every connection has its own goroutine
 
 	sending atomic.Int64 // reply bytes handed to a write not yet complete (Stats)
+	budget *memBudget
+	logs   logLimiter
+	open   atomic.Int64 // connections accepted and not yet closed
+	spare  spareFD      // a descriptor given up to accept and refuse on EMFILE
 
 	connMu sync.Mutex
 	conns  map[*srvConn]struct{}
@@ -189,6 +254,9 @@ type TCPServer struct {
 // it. ctx bounds only the bind.
 func NewTCPServer(ctx context.Context, opts ServerOptions) (*TCPServer, error) {
 	opts.fill()
+	if err := opts.fillBudget(); err != nil {
+		return nil, err
+	}
 	if opts.Engine == EngineAuto {
 		if v := os.Getenv(EngineEnv); v != "" {
 			e, err := ParseEngine(v)
@@ -208,6 +276,10 @@ func NewTCPServer(ctx context.Context, opts ServerOptions) (*TCPServer, error) {
 		}
 	}
 	s := &TCPServer{opts: opts, ln: ln, st: newServerState(&opts), log: opts.Logger, conns: map[*srvConn]struct{}{}}
+	s.budget = newMemBudget(opts.MemoryBudget)
+	s.st.budget = s.budget
+	s.logs.log = opts.Logger
+	s.spare.open()
 	if opts.Engine != EngineGoroutines {
 		ring, err := startRing(s)
 		switch {
@@ -264,6 +336,7 @@ func (s *TCPServer) Close() error {
 		s.ring.stop()
 	}
 	s.wg.Wait()
+	s.spare.close()
 	return err
 }
 
@@ -271,6 +344,13 @@ func (s *TCPServer) Close() error {
 // sending; metrics read it at each scrape.
 func (s *TCPServer) Stats() ServerStats {
 	return ServerStats{Conns: s.numConns(), SendingBytes: s.sending.Load()}
+}
+
+// isClosed reports whether Close has begun.
+func (s *TCPServer) isClosed() bool {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	return s.closed
 }
 
 // numConns counts the open client connections.
@@ -290,19 +370,28 @@ func (s *TCPServer) acceptLoop() {
 	for {
 		nc, err := s.ln.Accept()
 		if err != nil {
-			s.connMu.Lock()
-			closed := s.closed
-			s.connMu.Unlock()
-			if closed || errors.Is(err, net.ErrClosed) {
+			if s.isClosed() || errors.Is(err, net.ErrClosed) {
 				return
 			}
-			// Out of file descriptors and the like: back off and retry.
+			// Out of file descriptors: give the spare one up to accept the
+			// connection that waits and close it, so that its client fails
+			// at once rather than timing out in the backlog; then back off
+			// rather than spin.
+			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				s.refuseOne()
+			}
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			s.log.Warn("store server: accept failed", "addr", s.ln.Addr().String(), "err", err, "retry_in", delay)
+			s.logLimited("store server: accept failed", "addr", s.ln.Addr().String(), "err", err, "retry_in", delay)
 			time.Sleep(delay)
 			continue
 		}
 		delay = 0
+		if n := s.open.Add(1); n > int64(s.opts.MaxConns) {
+			s.open.Add(-1)
+			s.logLimited("store server: refused connection: at the connection limit", "remote", nc.RemoteAddr().String(), "max_conns", s.opts.MaxConns)
+			refuse(nc)
+			continue
+		}
 		if tc, ok := nc.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
@@ -310,6 +399,7 @@ func (s *TCPServer) acceptLoop() {
 		s.connMu.Lock()
 		if s.closed {
 			s.connMu.Unlock()
+			s.open.Add(-1)
 			_ = nc.Close()
 			return
 		}
@@ -324,4 +414,26 @@ func (s *TCPServer) acceptLoop() {
 			s.connMu.Unlock()
 		}()
 	}
+}
+
+// refuseOne accepts one waiting connection with the spare descriptor and
+// closes it.
+func (s *TCPServer) refuseOne() {
+	if !s.spare.release() {
+		return
+	}
+	if nc, err := s.ln.Accept(); err == nil {
+		s.logLimited("store server: refused connection: out of file descriptors", "remote", nc.RemoteAddr().String())
+		refuse(nc)
+	}
+	s.spare.open()
+}
+
+// refuse closes a connection the server will not serve with a reset, so
+// that its client fails at once and no TIME_WAIT is left.
+func refuse(nc net.Conn) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = nc.Close()
 }

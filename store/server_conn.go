@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -27,6 +30,7 @@ type srvConn struct {
 	spare []byte // the buffer the last flush sent, reused for the next replies
 
 	writeMu sync.Mutex
+	ended   atomic.Bool // teardown ran
 
 	// Scratch buffers of the connection's goroutine, reused by every
 	// request: key bytes (kbuf, with the end offsets koff and views kviews
@@ -36,6 +40,10 @@ type srvConn struct {
 	kviews [][]byte
 	vbuf   []byte
 
+	// reqCharged is what the request being read holds against the memory
+	// budget (goroutine engine), given back once it has run.
+	reqCharged int
+
 	// Set when the ring engine drives the connection.
 	ring  *ringEngine
 	rconn *ringConn
@@ -44,6 +52,7 @@ type srvConn struct {
 func (s *TCPServer) newConn(nc net.Conn, w io.Writer) *srvConn {
 	c := &srvConn{s: s, st: s.st, nc: nc, w: w, remote: "local"}
 	c.conn = c
+	c.budget = s.budget
 	if nc != nil {
 		c.remote = nc.RemoteAddr().String()
 		var src io.Reader = nc
@@ -61,7 +70,7 @@ func (s *TCPServer) newConn(nc net.Conn, w io.Writer) *srvConn {
 func (c *srvConn) serve() {
 	if len(c.s.opts.Secret) > 0 {
 		if err := c.authenticate(); err != nil {
-			c.s.log.Warn("store server: refused client", "remote", c.remote, "err", err)
+			c.s.logLimited("store server: refused client", "remote", c.remote, "err", err)
 			c.teardown()
 			return
 		}
@@ -79,18 +88,84 @@ func (c *srvConn) logEnd(err error) {
 	case err == nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), isConnReset(err):
 	case errors.Is(err, errFrameMismatch):
 		c.s.log.Error("store server: closing connection", "remote", c.remote, "dialect", c.dialect.String(), "err", err)
-	case errors.Is(err, errMalformed):
-		c.s.log.Warn("store server: closing connection", "remote", c.remote, "dialect", c.dialect.String(), "err", err)
+	case errors.Is(err, errMalformed), errors.Is(err, errFrameTimeout):
+		c.s.logLimited("store server: closing connection", "remote", c.remote, "dialect", c.dialect.String(), "err", err)
 	default:
-		c.s.log.Info("store server: connection ended", "remote", c.remote, "err", err)
+		c.s.logs.emit(c.s.log, slog.LevelInfo, "store server: connection ended", "remote", c.remote, "err", err)
 	}
 }
 
-// teardown drops the connection's pending waits and closes it.
+// teardown drops the connection's pending waits, gives its memory back to
+// the budget and closes it.
 func (c *srvConn) teardown() {
+	if c.ended.Swap(true) {
+		return
+	}
+	if c.nc != nil {
+		c.s.open.Add(-1)
+	}
 	c.st.drop(&c.session)
+	c.releaseAll()
+	c.releaseRequest()
 	if c.nc != nil {
 		_ = c.nc.Close()
+	}
+}
+
+// errFrameTimeout reports a request that started and did not complete
+// within FrameTimeout (a client that stalls, or a slowloris).
+var errFrameTimeout = errors.New("request not completed in time")
+
+// budgeted runs f, a request's step on the state that may queue a large
+// reply; while the memory budget cannot take the reply, the goroutine
+// engine sends its own replies and waits for memory (the connection reads
+// nothing meanwhile) and runs f again. The ring engine gets errOverBudget
+// back and runs the whole request again later (ring_linux.go).
+func (c *srvConn) budgeted(f func() error) error {
+	start := time.Now()
+	for {
+		err := f()
+		if !errors.Is(err, errOverBudget) || c.ring != nil {
+			return err
+		}
+		if err := c.flush(); err != nil {
+			return err
+		}
+		if time.Since(start) > c.s.opts.WriteTimeout {
+			return fmt.Errorf("%w: a reply waited %v for the server's memory budget (%d bytes, all held by replies clients do not read)", errMalformed,
+				c.s.opts.WriteTimeout, c.budget.limit)
+		}
+		ch, done := c.s.budget.released()
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-ch:
+		case <-t.C:
+		}
+		t.Stop()
+		done()
+		if c.s.isClosed() {
+			return net.ErrClosed
+		}
+	}
+}
+
+// chargeRequest is the reader's grow hook of the goroutine engine: it
+// counts a request buffer's next chunk against the budget, and refuses it,
+// which closes the connection, when the budget cannot take it.
+func (c *srvConn) chargeRequest(n int) error {
+	if !c.s.budget.admit(c.reqCharged, n) {
+		return fmt.Errorf("%w: a request over %d bytes while the server's memory budget (%d bytes) is spent", errMalformed, c.reqCharged+n, c.s.budget.limit)
+	}
+	c.reqCharged += n
+	c.s.budget.charge(n)
+	return nil
+}
+
+// releaseRequest gives back what the last request's buffers held.
+func (c *srvConn) releaseRequest() {
+	if c.reqCharged > 0 {
+		c.s.budget.release(c.reqCharged)
+		c.reqCharged = 0
 	}
 }
 
@@ -104,31 +179,76 @@ func (c *srvConn) serveStream() error {
 	if first[0] == 0 {
 		// VALIDATE+magic means DialectV2. A 1.x SET would need a key of
 		// about 1 GiB for its length to match the magic.
-		if hdr, err := c.br.Peek(5); err == nil && uint32(hdr[1])|uint32(hdr[2])<<8|uint32(hdr[3])<<16|uint32(hdr[4])<<24 == validationMagic {
+		c.frameDeadline(5)
+		hdr, err := c.br.Peek(5)
+		if err != nil {
+			return c.frameErr(err)
+		}
+		if uint32(hdr[1])|uint32(hdr[2])<<8|uint32(hdr[3])<<16|uint32(hdr[4])<<24 == validationMagic {
 			c.dialect = DialectV2
 			_, _ = c.br.Discard(5)
-		} else if err != nil {
-			return err
 		}
 	}
+	if c.nc != nil {
+		c.rd.grow = c.chargeRequest
+	}
 	for {
-		if err := c.handleOne(); err != nil {
+		// Idle between requests is fine (torch clients idle for hours);
+		// a request that has begun must end within FrameTimeout.
+		if _, err := c.br.Peek(1); err != nil {
+			return err
+		}
+		timed := c.frameDeadline(0)
+		err := c.handleOne()
+		c.releaseRequest()
+		if timed {
+			_ = c.nc.SetReadDeadline(time.Time{})
+		}
+		if err != nil {
 			// The replies to the requests before the bad one still go.
 			_ = c.flush()
-			return err
+			return c.frameErr(err)
 		}
 		c.trimScratch()
 		// Replies are batched: the ones of pipelined requests leave in one
 		// write, once the requests already received are all handled, or
-		// once they pass maxQueuedReplies, so that small requests for
-		// large values cannot make the server hold unbounded replies for a
-		// client that does not read.
-		if c.br.Buffered() == 0 || c.queued() > maxQueuedReplies {
+		// once the connection holds more than its share (overShare), so
+		// that small requests for large values cannot make the server
+		// hold unbounded replies for a client that does not read.
+		if c.br.Buffered() == 0 || c.overShare() {
 			if err := c.flush(); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// frameDeadline sets the read deadline of a request that has begun and is
+// not all buffered yet (want > 0: at least want bytes; 0: frameLen's
+// answer), and reports whether it did.
+func (c *srvConn) frameDeadline(want int) bool {
+	if c.nc == nil {
+		return false
+	}
+	n := c.br.Buffered()
+	if want == 0 {
+		b, _ := c.br.Peek(n)
+		if l, _ := frameLen(c.dialect, &c.s.opts, b); l > 0 {
+			return false
+		}
+	} else if n >= want {
+		return false
+	}
+	_ = c.nc.SetReadDeadline(time.Now().Add(c.s.opts.FrameTimeout))
+	return true
+}
+
+// frameErr names a read deadline's expiry as errFrameTimeout.
+func (c *srvConn) frameErr(err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("%w: a request began and was not complete after %v", errFrameTimeout, c.s.opts.FrameTimeout)
+	}
+	return err
 }
 
 // maxQueuedReplies bounds the reply bytes a connection queues before it
@@ -143,6 +263,7 @@ func (c *srvConn) flush() error {
 	c.outMu.Lock()
 	buf := c.out
 	c.out = c.spare[:0]
+	c.sending = len(buf)
 	c.outMu.Unlock()
 	if len(buf) == 0 {
 		c.spare = buf
@@ -154,6 +275,10 @@ func (c *srvConn) flush() error {
 	c.s.sending.Add(int64(len(buf)))
 	_, err := c.w.Write(buf)
 	c.s.sending.Add(-int64(len(buf)))
+	c.outMu.Lock()
+	c.sending = 0
+	c.sentLocked(len(buf))
+	c.outMu.Unlock()
 	if cap(buf) <= 64<<10 {
 		c.spare = buf[:0]
 	} else {

@@ -19,7 +19,7 @@ var handlers = [...]func(*srvConn) error{
 	opGet:        (*srvConn).handleGet,
 	opAdd:        (*srvConn).handleAdd,
 	opCheck:      withField((*srvConn).keysB, (*serverState).check),
-	opWait:       withField((*srvConn).keysB, (*serverState).wait),
+	opWait:       (*srvConn).handleWait,
 	opNumKeys:    bare((*serverState).numKeys),
 	opWatchKey:   (*srvConn).handleWatchKey,
 	opDeleteKey:  withField((*srvConn).keyB, (*serverState).deleteKey),
@@ -29,9 +29,9 @@ var handlers = [...]func(*srvConn) error{
 	opCancelWait: bare((*serverState).cancelWait),
 	opPing:       (*srvConn).handlePing,
 	opQueuePush:  (*srvConn).handleQueuePush,
-	opQueuePop:   withField((*srvConn).key, (*serverState).queuePop),
+	opQueuePop:   (*srvConn).handleQueuePop,
 	opQueueLen:   withField((*srvConn).key, (*serverState).queueLen),
-	opListKeys:   bare((*serverState).listKeys),
+	opListKeys:   (*srvConn).handleListKeys,
 }
 
 // handleOne reads and executes one request. An error ends the connection.
@@ -97,8 +97,11 @@ func (c *srvConn) handleCompareSet() error {
 	if err != nil {
 		return err
 	}
-	flushAll(c.st.compareSet(&c.session, k, exp, des))
-	return nil
+	return c.budgeted(func() error {
+		wake, err := c.st.compareSet(&c.session, k, exp, des)
+		flushAll(wake)
+		return err
+	})
 }
 
 func (c *srvConn) handleGet() error {
@@ -106,10 +109,37 @@ func (c *srvConn) handleGet() error {
 	if err != nil {
 		return err
 	}
-	if !c.st.get(&c.session, k, c.dialect != DialectV1) && c.dialect == DialectV1 {
-		return fmt.Errorf("%w: GET of missing key %q (the 1.x server closes the connection)", errMalformed, k)
+	return c.budgeted(func() error {
+		ok, err := c.st.get(&c.session, k, c.dialect != DialectV1)
+		if err == nil && !ok && c.dialect == DialectV1 {
+			return fmt.Errorf("%w: GET of missing key %q (the 1.x server closes the connection)", errMalformed, k)
+		}
+		return err
+	})
+}
+
+func (c *srvConn) handleWait() error {
+	keys, err := c.keysB()
+	if err != nil {
+		return err
+	}
+	if err := c.st.wait(&c.session, keys); err != nil {
+		// Refused with WAIT_CANCELED; the connection goes on.
+		c.s.logLimited("store server: refused a WAIT", "remote", c.remote, "err", err)
 	}
 	return nil
+}
+
+func (c *srvConn) handleQueuePop() error {
+	k, err := c.key()
+	if err != nil {
+		return err
+	}
+	return c.budgeted(func() error { return c.st.queuePop(&c.session, k) })
+}
+
+func (c *srvConn) handleListKeys() error {
+	return c.budgeted(func() error { return c.st.listKeys(&c.session) })
 }
 
 func (c *srvConn) handleAdd() error {
@@ -147,7 +177,7 @@ func (c *srvConn) handleMultiGet() error {
 	if err != nil {
 		return err
 	}
-	return c.st.multiGet(&c.session, keys)
+	return c.budgeted(func() error { return c.st.multiGet(&c.session, keys) })
 }
 
 func (c *srvConn) handleMultiSet() error {
@@ -179,6 +209,7 @@ func (c *srvConn) handlePing() error {
 	}
 	c.outMu.Lock()
 	c.out = appendU32(c.out, n)
+	c.grewLocked(4)
 	c.outMu.Unlock()
 	return nil
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 )
@@ -26,11 +27,22 @@ type serverState struct {
 	kv      map[string][]byte
 	queues  map[string][][]byte
 	waiters map[string][]*waitReq
+	// deadWaits counts, per key of waiters, the entries whose wait ended
+	// (cancelled or its session gone) and that are still in the list: a
+	// list is compacted once half of it is dead, so that dropping a
+	// session's waits costs O(its keys) amortised, not O(every waiter of
+	// those keys) each time.
+	deadWaits map[string]int
 
 	// Limits that depend on what is stored, not only on the request:
 	// maxValueLen bounds the value an APPEND makes, maxReplyBytes the reply
-	// of a MULTI_GET.
-	maxValueLen, maxReplyBytes int
+	// of a MULTI_GET or LIST_KEYS, maxWaitKeys the keys one session may
+	// wait on at once.
+	maxValueLen, maxReplyBytes, maxWaitKeys int
+
+	// budget is the server-wide memory budget of queued replies; nil
+	// (tests) means none.
+	budget *memBudget
 }
 
 // session is one client of a serverState: the replies queued for it and
@@ -40,8 +52,16 @@ type session struct {
 	out   []byte
 
 	// guarded by the state's mu
-	waits []*waitReq
-	dead  bool
+	waits    []*waitReq // pending; each knows its index (waitReq.idx)
+	waitKeys int        // the keys of waits, counted against maxWaitKeys
+	dead     bool
+
+	// sending is the length of the replies handed to the socket and not
+	// yet sent (the engine's send in flight, or the goroutine's write);
+	// charged says how many of out's and sending's bytes the budget holds.
+	// Both under outMu.
+	sending, charged int
+	budget           *memBudget
 
 	// conn is the connection to flush when another session's write
 	// completes one of this one's waits; nil in tests.
@@ -53,14 +73,15 @@ type waitReq struct {
 	s         *session
 	keys      []string
 	remaining int
+	idx       int // in s.waits while pending
 	done      bool
 }
 
 // newServerState returns an empty state with the limits of o (filled).
 func newServerState(o *ServerOptions) *serverState {
 	return &serverState{
-		kv: map[string][]byte{}, queues: map[string][][]byte{}, waiters: map[string][]*waitReq{},
-		maxValueLen: o.MaxValueLen, maxReplyBytes: o.MaxRequestBytes,
+		kv: map[string][]byte{}, queues: map[string][][]byte{}, waiters: map[string][]*waitReq{}, deadWaits: map[string]int{},
+		maxValueLen: o.MaxValueLen, maxReplyBytes: o.MaxRequestBytes, maxWaitKeys: o.MaxWaitKeysPerConn,
 	}
 }
 
@@ -75,6 +96,7 @@ func (s *session) queued() int {
 func (s *session) reply(b ...byte) {
 	s.outMu.Lock()
 	s.out = append(s.out, b...)
+	s.grewLocked(len(b))
 	s.outMu.Unlock()
 }
 
@@ -82,6 +104,7 @@ func (s *session) reply(b ...byte) {
 func (s *session) replyI64(v int64) {
 	s.outMu.Lock()
 	s.out = appendI64(s.out, v)
+	s.grewLocked(8)
 	s.outMu.Unlock()
 }
 
@@ -89,6 +112,7 @@ func (s *session) replyI64(v int64) {
 func (s *session) replyStr(v []byte) {
 	s.outMu.Lock()
 	s.out = appendStr(s.out, v)
+	s.grewLocked(8 + len(v))
 	s.outMu.Unlock()
 }
 
@@ -104,10 +128,15 @@ func (st *serverState) set(k, v []byte) (wake []*session) {
 // compareSet is COMPARE_SET: k becomes des if it holds exp, or if it is
 // missing and exp is empty. The reply is the value k then holds, or exp
 // for a missing key (PyTorch's documented quirk). des is kept, not copied.
-func (st *serverState) compareSet(s *session, k string, exp, des []byte) (wake []*session) {
+func (st *serverState) compareSet(s *session, k string, exp, des []byte) (wake []*session, err error) {
 	var res []byte
 	st.mu.Lock()
+	defer st.mu.Unlock()
 	cur, ok := st.kv[k]
+	// The reply may be the stored value, which the request did not pay for.
+	if err := s.admitReply(8 + max(len(cur), len(exp), len(des))); err != nil {
+		return nil, err
+	}
 	switch {
 	case !ok && len(exp) == 0, ok && bytes.Equal(cur, exp):
 		st.kv[k] = des
@@ -119,20 +148,22 @@ func (st *serverState) compareSet(s *session, k string, exp, des []byte) (wake [
 		res = cur
 	}
 	s.replyStr(res)
-	st.mu.Unlock()
-	return wake
+	return wake, nil
 }
 
 // get is GET: it replies k's value and reports whether k exists. A missing
 // key gets an empty reply when replyMissing (DialectV2), none otherwise.
-func (st *serverState) get(s *session, k []byte, replyMissing bool) bool {
+func (st *serverState) get(s *session, k []byte, replyMissing bool) (bool, error) {
 	st.mu.Lock()
+	defer st.mu.Unlock()
 	v, ok := st.kv[string(k)]
+	if err := s.admitReply(8 + len(v)); err != nil {
+		return ok, err
+	}
 	if ok || replyMissing {
 		s.replyStr(v)
 	}
-	st.mu.Unlock()
-	return ok
+	return ok, nil
 }
 
 // add is ADD: it adds delta to the decimal value of k (0 when missing),
@@ -173,27 +204,37 @@ func (st *serverState) check(s *session, keys [][]byte) {
 
 // wait is WAIT: it replies replyStopWait at once when every key exists;
 // otherwise it registers a wait that a later write of the last missing key
-// completes (completeLocked).
-func (st *serverState) wait(s *session, keys [][]byte) {
+// completes (completeLocked). A wait that would take the session's
+// pending keys past maxWaitKeys is refused with replyWaitCancel, which no
+// client takes for success, and errTooManyWaits.
+func (st *serverState) wait(s *session, keys [][]byte) error {
 	st.mu.Lock()
-	var wr *waitReq // only a wait that blocks allocates
+	defer st.mu.Unlock()
+	missing := 0
 	for _, kb := range keys {
 		if !st.hasLocked(kb) {
-			if wr == nil {
-				wr = &waitReq{s: s}
-			}
+			missing++
+		}
+	}
+	if missing == 0 {
+		s.reply(replyStopWait)
+		return nil
+	}
+	if st.maxWaitKeys > 0 && s.waitKeys+missing > st.maxWaitKeys {
+		s.reply(replyWaitCancel)
+		return fmt.Errorf("%w: a WAIT for %d more keys, over the limit of %d pending per connection (%d pending)", errTooManyWaits, missing, st.maxWaitKeys, s.waitKeys)
+	}
+	wr := &waitReq{s: s, remaining: missing, keys: make([]string, 0, missing), idx: len(s.waits)}
+	for _, kb := range keys {
+		if !st.hasLocked(kb) {
 			k := string(kb)
-			wr.remaining++
 			wr.keys = append(wr.keys, k)
 			st.waiters[k] = append(st.waiters[k], wr)
 		}
 	}
-	if wr == nil {
-		s.reply(replyStopWait)
-	} else {
-		s.waits = append(s.waits, wr)
-	}
-	st.mu.Unlock()
+	s.waits = append(s.waits, wr)
+	s.waitKeys += missing
+	return nil
 }
 
 // numKeys is GETNUMKEYS: it replies the number of values (not queues).
@@ -247,10 +288,15 @@ func (st *serverState) multiGet(s *session, keys [][]byte) error {
 	if size > st.maxReplyBytes {
 		return fmt.Errorf("%w: MULTI_GET of %d keys would reply %d bytes, over the limit %d", errMalformed, len(keys), size, st.maxReplyBytes)
 	}
+	if err := s.admitReply(size); err != nil {
+		return err
+	}
 	s.outMu.Lock()
+	s.out = slices.Grow(s.out, size)
 	for _, k := range keys {
 		s.out = appendStr(s.out, st.kv[string(k)])
 	}
+	s.grewLocked(size)
 	s.outMu.Unlock()
 	return nil
 }
@@ -288,10 +334,16 @@ func (st *serverState) queuePush(k string, v []byte) (wake []*session) {
 
 // queuePop is QUEUE_POP: it replies the queue's length before the pop,
 // then, when that is not 0, the item popped from its head.
-func (st *serverState) queuePop(s *session, k string) {
+func (st *serverState) queuePop(s *session, k string) error {
 	st.mu.Lock()
+	defer st.mu.Unlock()
 	q := st.queues[k]
 	n := len(q)
+	if n > 0 {
+		if err := s.admitReply(16 + len(q[0])); err != nil {
+			return err
+		}
+	}
 	var v []byte
 	if n > 0 {
 		v = q[0]
@@ -304,11 +356,13 @@ func (st *serverState) queuePop(s *session, k string) {
 	}
 	s.outMu.Lock()
 	s.out = appendI64(s.out, int64(n))
+	s.grewLocked(8)
 	if n > 0 {
 		s.out = appendStr(s.out, v)
+		s.grewLocked(8 + len(v))
 	}
 	s.outMu.Unlock()
-	st.mu.Unlock()
+	return nil
 }
 
 // queueLen is QUEUE_LEN: it replies the length of queue k.
@@ -320,16 +374,34 @@ func (st *serverState) queueLen(s *session, k string) {
 }
 
 // listKeys is LIST_KEYS: it replies the number of values, then their keys
-// in map order.
-func (st *serverState) listKeys(s *session) {
+// in map order. A reply over maxReplyBytes is an errMalformed error, as
+// for MULTI_GET: a one-byte request must not make an unbounded reply.
+func (st *serverState) listKeys(s *session) error {
 	st.mu.Lock()
+	defer st.mu.Unlock()
+	size := 8 + 8*len(st.kv)
+	if size <= st.maxReplyBytes {
+		for k := range st.kv {
+			if size += len(k); size > st.maxReplyBytes {
+				break
+			}
+		}
+	}
+	if size > st.maxReplyBytes {
+		return fmt.Errorf("%w: LIST_KEYS of %d keys would reply over %d bytes, the limit", errMalformed, len(st.kv), st.maxReplyBytes)
+	}
+	if err := s.admitReply(size); err != nil {
+		return err
+	}
 	s.outMu.Lock()
+	s.out = slices.Grow(s.out, size)
 	s.out = appendI64(s.out, int64(len(st.kv)))
 	for k := range st.kv {
 		s.out = appendStr(s.out, k)
 	}
+	s.grewLocked(size)
 	s.outMu.Unlock()
-	st.mu.Unlock()
+	return nil
 }
 
 // drop ends s: its pending waits are cancelled and none of its waits is
@@ -371,6 +443,7 @@ func (st *serverState) wakeLocked(k string, wake []*session) []*session {
 		return wake
 	}
 	delete(st.waiters, k)
+	delete(st.deadWaits, k)
 	return st.wakeListLocked(list, wake)
 }
 
@@ -382,6 +455,7 @@ func (st *serverState) wakeLockedB(k []byte, wake []*session) []*session {
 		return wake
 	}
 	delete(st.waiters, string(k))
+	delete(st.deadWaits, string(k))
 	return st.wakeListLocked(list, wake)
 }
 
@@ -405,7 +479,15 @@ func (st *serverState) wakeOneLocked(k string) []*session {
 		if wr.done {
 			continue
 		}
-		rest := append(list[:i:i], list[i+1:]...)
+		// The dead entries before i go with it: the list's head is its
+		// oldest live wait.
+		clear(list[:i+1])
+		rest := list[i+1:]
+		if d := st.deadWaits[k] - i; d > 0 && len(rest) > 0 {
+			st.deadWaits[k] = d
+		} else {
+			delete(st.deadWaits, k)
+		}
 		if len(rest) == 0 {
 			delete(st.waiters, k)
 		} else {
@@ -417,18 +499,13 @@ func (st *serverState) wakeOneLocked(k string) []*session {
 		return nil
 	}
 	delete(st.waiters, k)
+	delete(st.deadWaits, k)
 	return nil
 }
 
 func (st *serverState) completeLocked(wr *waitReq, wake []*session) []*session {
-	wr.done = true
 	s := wr.s
-	for i, x := range s.waits {
-		if x == wr {
-			s.waits = append(s.waits[:i], s.waits[i+1:]...)
-			break
-		}
-	}
+	st.unlinkLocked(wr)
 	if s.dead {
 		return wake
 	}
@@ -436,12 +513,37 @@ func (st *serverState) completeLocked(wr *waitReq, wake []*session) []*session {
 	return append(wake, s)
 }
 
-// dropWaitsLocked cancels every pending wait of s.
+// unlinkLocked ends wr and takes it out of its session's pending waits in
+// O(1). Its entries in the key lists stay, marked done, until the lists are
+// woken or compacted.
+func (st *serverState) unlinkLocked(wr *waitReq) {
+	wr.done = true
+	s := wr.s
+	last := len(s.waits) - 1
+	if wr.idx <= last && s.waits[wr.idx] == wr {
+		s.waits[wr.idx] = s.waits[last]
+		s.waits[wr.idx].idx = wr.idx
+		s.waits[last] = nil
+		s.waits = s.waits[:last]
+	}
+	s.waitKeys -= len(wr.keys)
+}
+
+// dropWaitsLocked cancels every pending wait of s, in O(their keys)
+// amortised: each key's list is compacted only once half of it is dead.
 func (st *serverState) dropWaitsLocked(s *session) {
 	for _, wr := range s.waits {
 		wr.done = true
 		for _, k := range wr.keys {
 			list := st.waiters[k]
+			if len(list) == 0 {
+				continue
+			}
+			dead := st.deadWaits[k] + 1
+			if 2*dead < len(list) {
+				st.deadWaits[k] = dead
+				continue
+			}
 			out := list[:0]
 			for _, x := range list {
 				if !x.done {
@@ -449,6 +551,7 @@ func (st *serverState) dropWaitsLocked(s *session) {
 				}
 			}
 			clear(list[len(out):])
+			delete(st.deadWaits, k)
 			if len(out) == 0 {
 				delete(st.waiters, k)
 			} else {
@@ -456,5 +559,7 @@ func (st *serverState) dropWaitsLocked(s *session) {
 			}
 		}
 	}
-	s.waits = nil
+	clear(s.waits)
+	s.waits = s.waits[:0]
+	s.waitKeys = 0
 }

@@ -142,6 +142,11 @@ var errMalformed = errors.New("malformed request")
 // data arrives, so a length field alone cannot make it allocate.
 type reader struct {
 	r byteSource
+	// grow, when set, is asked before a field's buffer grows by a chunk
+	// of n bytes of data not yet received; an error stops the read. The
+	// goroutine engine counts request buffers against the memory budget
+	// through it.
+	grow func(n int) error
 }
 
 func (r *reader) u8() (byte, error) { return r.r.ReadByte() }
@@ -208,6 +213,11 @@ func (r *reader) bytes(what string, limit int) ([]byte, error) {
 	b := make([]byte, 0, chunk)
 	for uint64(len(b)) < n {
 		m := min(n-uint64(len(b)), chunk)
+		if r.grow != nil && uint64(r.r.Buffered()) < m {
+			if err := r.grow(int(m)); err != nil {
+				return nil, err
+			}
+		}
 		b = append(b, make([]byte, m)...)
 		if _, err := io.ReadFull(r.r, b[uint64(len(b))-m:]); err != nil {
 			return nil, err
@@ -237,6 +247,11 @@ func (r *reader) appendBytes(dst []byte, what string, limit int) ([]byte, error)
 	const chunk = 64 << 10
 	for n > 0 {
 		m := int(min(n, chunk))
+		if r.grow != nil && r.r.Buffered() < m {
+			if err := r.grow(m); err != nil {
+				return nil, err
+			}
+		}
 		start := len(dst)
 		dst = slices.Grow(dst, m)[:start+m]
 		if _, err := io.ReadFull(r.r, dst[start:]); err != nil {
