@@ -31,6 +31,14 @@ const (
 	authHello = "GCAUTH1\x00"
 	authNonce = 32
 	authOK    = 0xA5
+	// authRefused is what a server with a secret sends, before closing,
+	// to a client that opened with VALIDATE (DialectV2) instead of the
+	// handshake. A gocoll client reads it where it expects the PING reply
+	// and fails with ErrAuth at once instead of retrying until its
+	// timeout; a PyTorch 2.x client reads a wrong PING reply and fails
+	// too. A 1.x client, whose first request may expect any reply, gets
+	// the bare close, so that it can never take the bytes for an answer.
+	authRefused = "GCNOAUTH"
 )
 
 // ErrAuth is returned when the store handshake fails: a wrong or missing
@@ -59,6 +67,9 @@ func (c *srvConn) authenticate() error {
 			return fmt.Errorf("%w: no handshake (a client without the secret, or a PyTorch client): %w", ErrAuth, err)
 		}
 		if b[i-1] != authHello[i-1] {
+			if b[0] == 0 {
+				_, _ = c.nc.Write([]byte(authRefused))
+			}
 			return fmt.Errorf("%w: the client sent %x instead of the handshake (a client without the secret, or a PyTorch client)", ErrAuth, b)
 		}
 	}

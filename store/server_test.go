@@ -551,11 +551,25 @@ func TestAuth(t *testing.T) {
 		t.Fatalf("wrong secret: %v", err)
 	}
 	lb.waitLog(t, "refused client")
-	// A PyTorch-style client (no handshake) is refused and logged.
+	// A gocoll client without the secret gets ErrAuth, not a retry loop
+	// that ends in ErrTimeout (its timeout is far longer than the test).
+	o = ClientOptions{Timeout: 5 * time.Minute, NoEnvSecret: true}
+	if _, err := DialTCPStore(ctx, addr, o); !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), SecretEnv) {
+		t.Fatalf("client without the secret: %v, want ErrAuth naming %s", err, SecretEnv)
+	}
+	o = quick
+	o.Secret = []byte("wrong")
+	// A PyTorch-style client (no handshake) is refused and logged; one
+	// that opened with VALIDATE reads the refusal marker first, a 1.x one
+	// nothing at all.
 	r := rawDial(t, addr, DialectV2)
 	r.send(append([]byte{cPing}, 1, 2, 3, 4))
+	r.want(len(authRefused), []byte(authRefused))
 	r.closed()
 	lb.waitLog(t, "refused client")
+	r = rawDial(t, addr, DialectV1)
+	r.send(req(2, "/k"))
+	r.closed()
 	// A client with a secret against a server without one fails clearly.
 	plain, _ := newTestServer(t, ServerOptions{NoEnvSecret: true})
 	o.Secret = secret

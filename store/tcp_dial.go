@@ -111,6 +111,9 @@ func (c *TCPStore) dialOnce(ctx context.Context, deadline time.Time) (net.Conn, 
 		if _, err := io.ReadFull(nc, r[:]); err != nil {
 			return fail(fmt.Errorf("read PING reply (a 1.x server, or one that refuses this client?): %w", err))
 		}
+		if string(r[:]) == authRefused[:4] {
+			return fail(fmt.Errorf("%w: the server demands the store's shared secret (set %s or ClientOptions.Secret)", ErrAuth, SecretEnv))
+		}
 		if got := uint32(r[0]) | uint32(r[1])<<8 | uint32(r[2])<<16 | uint32(r[3])<<24; got != nonce {
 			return fail(fmt.Errorf("ping failed: the server returned %#x for nonce %#x", got, nonce))
 		}

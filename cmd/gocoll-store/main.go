@@ -2,7 +2,9 @@
 // process can host the rendezvous of PyTorch (or gocoll) ranks, and
 // benchmarks it against PyTorch's server.
 //
-//	gocoll-store serve --addr 0.0.0.0:29500 [--secret S] [--max-value-bytes N] [--engine auto|ring|goroutines]
+//	gocoll-store serve --addr 0.0.0.0:29500 [--secret-file F] [--max-value-bytes N] [--engine auto|ring|goroutines]
+//	                   [--memory-budget 256MiB] [--max-conns N] [--frame-timeout 30s]
+//	gocoll-store bench rendezvous [--n 1024,4096,8192] [--procs 8] [--torch /usr/bin/python3] [--repeat N]
 //	gocoll-store bench [--duration 3s] [--conns 1,8,64,256] [--rates 5000,10000] [--torch /usr/bin/python3]
 //	                   [--engines auto,ring,goroutines] [--client ring|epoll] [--repeat N]
 //	                   [--baseline OLD-gocoll-store] [--client-cpu 0] [--server-cpu 1] [--server-procs 1]
@@ -14,11 +16,13 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -54,7 +58,9 @@ func main() {
 
 func usage() {
 	fmt.Fprint(os.Stderr, `usage:
-  gocoll-store serve --addr HOST:PORT [--secret S] [--max-value-bytes N] [--engine auto|ring|goroutines]
+  gocoll-store serve --addr HOST:PORT [--secret-file F] [--max-value-bytes N] [--engine auto|ring|goroutines]
+                     [--memory-budget BYTES] [--max-conns N] [--frame-timeout D]
+  gocoll-store bench rendezvous [--n 1024,4096,8192] [--procs N] [--torch PYTHON] [--repeat N]
   gocoll-store bench [--duration D] [--conns 1,8,64,256] [--rates 5000,10000] [--torch PYTHON]
                      [--engines auto,ring,goroutines] [--client ring|epoll] [--repeat N]
                      [--baseline EXE] [--client-cpu N] [--server-cpu N] [--server-procs N]
@@ -65,14 +71,37 @@ func usage() {
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
 	addr := fs.String("addr", ":29500", "address to listen on, HOST:PORT")
-	secret := fs.String("secret", "", "shared secret clients must prove (default $"+store.SecretEnv+"; PyTorch clients cannot)")
+	secretFile := fs.String("secret-file", "", "file holding the shared secret clients must prove (default $"+store.SecretEnv+"; PyTorch clients cannot)")
+	secretArg := fs.String("secret", "", "removed: a secret on the command line is visible in ps; use --secret-file or $"+store.SecretEnv)
 	maxVal := fs.Int("max-value-bytes", store.DefaultMaxValueLen, "largest value accepted")
+	budget := fs.String("memory-budget", "", "bytes of queued replies and request buffers, server-wide, e.g. 256MiB (default $"+store.MemoryBudgetEnv+", else 256MiB)")
+	maxConns := fs.Int("max-conns", 0, "most open client connections (default: the raised RLIMIT_NOFILE less a sixteenth)")
+	frameTimeout := fs.Duration("frame-timeout", 0, "time a begun request has to arrive whole (default 30s; idle connections are never timed out)")
 	engine := fs.String("engine", "auto", "how connections are driven: auto, ring (io_uring) or goroutines (default $"+store.EngineEnv+", else auto)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (diagnostics)")
 	_ = fs.Parse(args)
+	if *secretArg != "" {
+		return fmt.Errorf("--secret is no longer accepted: a secret on the command line is visible to every user in ps; put it in a file for --secret-file, or in $%s", store.SecretEnv)
+	}
 	eng, err := store.ParseEngine(*engine)
 	if err != nil {
 		return err
+	}
+	o := store.ServerOptions{Addr: *addr, MaxValueLen: *maxVal, Engine: eng, MaxConns: *maxConns, FrameTimeout: *frameTimeout}
+	if *secretFile != "" {
+		b, err := os.ReadFile(*secretFile)
+		if err != nil {
+			return fmt.Errorf("--secret-file: %w", err)
+		}
+		if b = bytes.TrimRight(b, "\r\n"); len(b) == 0 {
+			return fmt.Errorf("--secret-file %s is empty", *secretFile)
+		}
+		o.Secret = b
+	}
+	if *budget != "" {
+		if o.MemoryBudget, err = store.ParseBytes(*budget); err != nil {
+			return fmt.Errorf("--memory-budget: %w", err)
+		}
 	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -85,26 +114,38 @@ func serve(args []string) error {
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	o.Logger = log
+	// Every client holds a descriptor: take all the process may have.
+	nofile, err := store.RaiseNofile()
+	if err != nil {
+		log.Warn("gocoll-store: could not raise RLIMIT_NOFILE", "err", err)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	o := store.ServerOptions{Addr: *addr, MaxValueLen: *maxVal, Logger: log, Engine: eng}
-	if *secret != "" {
-		o.Secret = []byte(*secret)
-	}
 	srv, err := store.NewTCPServer(ctx, o)
 	if err != nil {
 		return err
 	}
 	auth := "off"
-	if *secret != "" || os.Getenv(store.SecretEnv) != "" {
+	if len(o.Secret) > 0 || os.Getenv(store.SecretEnv) != "" {
 		auth = "on"
 	}
-	log.Info("gocoll-store serving", "addr", srv.Addr().String(), "auth", auth, "engine", srv.Engine().String())
+	log.Info("gocoll-store serving", "addr", srv.Addr().String(), "auth", auth, "engine", srv.Engine().String(), "nofile", nofile)
+	if auth == "off" && !loopbackOnly(srv.Addr()) {
+		log.Warn("gocoll-store: listening beyond loopback with authentication off: anyone who can reach " + srv.Addr().String() +
+			" can read, change and delete every key. Set a secret (--secret-file or " + store.SecretEnv + ") if every client is gocoll's, or bind 127.0.0.1 or a private interface.")
+	}
 	// Scripts read the port from this line.
 	fmt.Printf("LISTENING %s\n", srv.Addr().String())
 	<-ctx.Done()
 	log.Info("gocoll-store shutting down")
 	return srv.Close()
+}
+
+// loopbackOnly reports whether a listens on a loopback address only.
+func loopbackOnly(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }
 
 const torchServerPy = `
