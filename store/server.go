@@ -375,10 +375,11 @@ func (s *TCPServer) acceptLoop() {
 			}
 			// Out of file descriptors: give the spare one up to accept the
 			// connection that waits and close it, so that its client fails
-			// at once rather than timing out in the backlog; then back off
-			// rather than spin.
-			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-				s.refuseOne()
+			// at once rather than timing out in the backlog. When that
+			// fails too, back off rather than spin.
+			if (errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)) && s.refuseOne() {
+				delay = 0
+				continue
 			}
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
 			s.logLimited("store server: accept failed", "addr", s.ln.Addr().String(), "err", err, "retry_in", delay)
@@ -417,16 +418,18 @@ func (s *TCPServer) acceptLoop() {
 }
 
 // refuseOne accepts one waiting connection with the spare descriptor and
-// closes it.
-func (s *TCPServer) refuseOne() {
+// closes it, reporting whether it did.
+func (s *TCPServer) refuseOne() bool {
 	if !s.spare.release() {
-		return
+		return false
 	}
-	if nc, err := s.ln.Accept(); err == nil {
+	nc, err := s.ln.Accept()
+	if err == nil {
 		s.logLimited("store server: refused connection: out of file descriptors", "remote", nc.RemoteAddr().String())
 		refuse(nc)
 	}
 	s.spare.open()
+	return err == nil
 }
 
 // refuse closes a connection the server will not serve with a reset, so

@@ -510,6 +510,9 @@ func (st *serverState) completeLocked(wr *waitReq, wake []*session) []*session {
 		return wake
 	}
 	s.reply(replyStopWait)
+	if n := len(wake); n > 0 && wake[n-1] == s {
+		return wake // one flush sends all of a session's replies
+	}
 	return append(wake, s)
 }
 

@@ -34,6 +34,11 @@ func (c *TCPStore) waitOn(ctx context.Context, cn *tcpConn, start time.Time, key
 	stopped := stop()
 	if err == nil && (stopped || r == replyStopWait) {
 		// A reply, even one that came as ctx ended: honour it.
+		if r == replyWaitCancel {
+			// gocoll's server refuses a WAIT past its per-connection limit
+			// of pending wait keys (ServerOptions.MaxWaitKeysPerConn).
+			return c.errorf(opWait, keys, start, "the server refused the WAIT (WAIT_CANCELED): too many keys pending on one connection")
+		}
 		if r != replyStopWait {
 			cn.broken = true
 			return c.errorf(opWait, keys, start, "%w: WAIT reply %d, want STOP_WAITING", errMalformed, r)

@@ -1,0 +1,584 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The tests below run the attacks of issue 14, at a small scale, against a
+// server in a child process (this test binary in TestAttackServerProcess),
+// on both engines. They assert on the child's peak resident memory
+// (VmHWM), on the survival of the server and of other clients (whose
+// store timeout is 5 s, so a stalled server fails them with ErrTimeout),
+// and on the server's log.
+
+// TestAttackServerProcess is not a test: the attack tests run it as the
+// server's process.
+func TestAttackServerProcess(t *testing.T) {
+	if os.Getenv("GOCOLL_STORE_HELPER") != "attack-server" {
+		t.Skip("helper process")
+	}
+	env := func(k string) int { n, _ := strconv.Atoi(os.Getenv(k)); return n }
+	if n := env("NOFILE"); n > 0 {
+		r := syscall.Rlimit{Cur: uint64(n), Max: uint64(n)}
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+			fmt.Println("ERR", err)
+			os.Exit(2)
+		}
+	}
+	eng, _ := ParseEngine(os.Getenv("ENGINE"))
+	o := ServerOptions{Addr: "127.0.0.1:0", Engine: eng, MemoryBudget: int64(env("BUDGET")),
+		MaxRequestBytes: env("MAX_REQUEST"), FrameTimeout: time.Duration(env("FRAME_MS")) * time.Millisecond,
+		MaxConns: env("MAX_CONNS"), Secret: []byte(os.Getenv("SECRET")), NoEnvSecret: true}
+	srv, err := NewTCPServer(context.Background(), o)
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(2)
+	}
+	fmt.Println("LISTENING", srv.Addr().String())
+	_, _ = io.Copy(io.Discard, os.Stdin) // until the test closes it
+	_ = srv.Close()
+	os.Exit(0)
+}
+
+// syncBuf collects the child's log.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type attackServer struct {
+	addr string
+	pid  int
+	log  *syncBuf
+	cmd  *exec.Cmd
+}
+
+// startAttackServer runs the server process with env (ENGINE, BUDGET,
+// MAX_REQUEST, FRAME_MS, MAX_CONNS, NOFILE, SECRET).
+func startAttackServer(t *testing.T, env ...string) *attackServer {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAttackServerProcess$")
+	cmd.Env = append(append(os.Environ(), "GOCOLL_STORE_HELPER=attack-server", "GOGC=100", "GOMEMLIMIT=off"), env...)
+	lb := &syncBuf{}
+	cmd.Stderr = lb
+	stdin, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	a := &attackServer{pid: cmd.Process.Pid, log: lb, cmd: cmd}
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() || os.Getenv("ATTACK_LOG") != "" {
+			t.Logf("server log:\n%s", lb.String())
+		}
+	})
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "LISTENING "); ok {
+			a.addr = v
+			return a
+		}
+		if strings.HasPrefix(sc.Text(), "ERR") {
+			t.Fatalf("server process: %s", sc.Text())
+		}
+	}
+	t.Fatalf("server process printed no address; log:\n%s", lb.String())
+	return nil
+}
+
+// status returns a field of /proc/PID/status in bytes (VmRSS, VmHWM).
+func (a *attackServer) status(t *testing.T, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(a.pid) + "/status")
+	if err != nil {
+		t.Fatalf("server process gone: %v", err)
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, a.pid)
+	return 0
+}
+
+// settle waits until the server's RSS stops growing (the attack's requests
+// have all run), at most a few seconds.
+func (a *attackServer) settle(t *testing.T) {
+	last, still := a.status(t, "VmRSS"), 0
+	for range 40 {
+		time.Sleep(100 * time.Millisecond)
+		cur := a.status(t, "VmRSS")
+		if cur-last < 1<<20 {
+			if still++; still == 3 {
+				return
+			}
+		} else {
+			still = 0
+		}
+		last = cur
+	}
+}
+
+// alive checks that the server serves a new client: every op within the
+// 5 s store timeout. It returns the ops' latencies, sorted.
+func (a *attackServer) alive(t *testing.T, ops int) []time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
+	if err != nil {
+		t.Fatalf("a new client cannot connect: %v", err)
+	}
+	defer c.Close()
+	return legitOps(t, c, ops)
+}
+
+func legitOps(t *testing.T, c *TCPStore, ops int) []time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	lats := make([]time.Duration, 0, ops)
+	for i := range ops {
+		t0 := time.Now()
+		if err := c.Set(ctx, "legit", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatalf("legitimate client, op %d: %v", i, err)
+		}
+		if _, err := c.Get(ctx, "legit"); err != nil {
+			t.Fatalf("legitimate client, op %d: %v", i, err)
+		}
+		lats = append(lats, time.Since(t0))
+	}
+	slices.Sort(lats)
+	return lats
+}
+
+// rawV2 opens a connection that speaks DialectV2 by hand and never reads
+// unless asked, with a small receive buffer so that the kernel takes
+// little of what the server sends.
+func rawV2(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.(*net.TCPConn).SetReadBuffer(4 << 10)
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Write(appendU32([]byte{0}, validationMagic)); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func v2(o op) byte { c, _ := encodeOp(DialectV2, o); return c }
+
+var attackEngines = []string{"ring", "goroutines"}
+
+func forEngines(t *testing.T, f func(t *testing.T, engine string)) {
+	for _, e := range attackEngines {
+		t.Run(e, func(t *testing.T) {
+			if e == "ring" && !ringAvailable() {
+				t.Skip("no io_uring here")
+			}
+			f(t, e)
+		})
+	}
+}
+
+func ringAvailable() bool {
+	srv, err := NewTCPServer(context.Background(), ServerOptions{Addr: "127.0.0.1:0", Engine: EngineRing, NoEnvSecret: true})
+	if err != nil {
+		return false
+	}
+	_ = srv.Close()
+	return true
+}
+
+// amplify runs conns raw connections that each send req and never read,
+// and checks that the server's peak RSS grew by less than limit while a
+// legitimate client was served.
+func amplify(t *testing.T, engine string, conns int, setup func(c *TCPStore), req []byte, limit int64) {
+	a := startAttackServer(t, "ENGINE="+engine, "BUDGET="+budgetEnv())
+	ctx := context.Background()
+	c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	setup(c)
+	base := a.status(t, "VmHWM")
+	for range conns {
+		if _, err := rawV2(t, a.addr).Write(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.settle(t)
+	lats := legitOps(t, c, 200)
+	lats = append(lats, a.alive(t, 50)...)
+	slices.Sort(lats)
+	grew := a.status(t, "VmHWM") - base
+	t.Logf("%s: %d connections: peak RSS grew %d MiB (limit %d MiB); legitimate set+get p50 %v p99 %v",
+		engine, conns, grew>>20, limit>>20, lats[len(lats)/2], lats[len(lats)*99/100])
+	if grew > limit {
+		t.Fatalf("peak RSS grew %d MiB, over %d MiB: the memory budget does not hold", grew>>20, limit>>20)
+	}
+}
+
+// TestAttackMultiGetAmplification: MULTI_GETs of large values whose replies
+// are never read hold at most the budget (16 MiB here), not 7 MiB per
+// connection (280 MiB for 40).
+func TestAttackMultiGetAmplification(t *testing.T) {
+	forEngines(t, func(t *testing.T, engine string) {
+		val := bytes.Repeat([]byte("v"), 1<<20)
+		setup := func(c *TCPStore) {
+			for i := range 7 {
+				if err := c.Set(context.Background(), "big"+strconv.Itoa(i), val); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		keys := []string{"/big0", "/big1", "/big2", "/big3", "/big4", "/big5", "/big6"}
+		amplify(t, engine, 40, setup, req(v2(opMultiGet), keys), 80<<20)
+	})
+}
+
+// TestAttackGetAmplification: pipelined GETs of an 8 MiB value, never
+// read, from 32 connections. (With small values the kernel's send buffer,
+// up to 4 MiB a socket, takes most of each reply; that memory is the
+// kernel's, bounded per socket, and not in the server's RSS.)
+func TestAttackGetAmplification(t *testing.T) {
+	forEngines(t, func(t *testing.T, engine string) {
+		setup := func(c *TCPStore) {
+			if err := c.Set(context.Background(), "big", bytes.Repeat([]byte("v"), 8<<20)); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := c.Get(context.Background(), "big"); err != nil || len(v) != 8<<20 {
+				t.Fatalf("get of the 8 MiB value: %d bytes, %v", len(v), err)
+			}
+		}
+		var r []byte
+		for range 3 {
+			r = append(r, req(v2(opGet), "/big")...)
+		}
+		amplify(t, engine, 32, setup, r, 80<<20)
+	})
+}
+
+// TestAttackListKeys: LIST_KEYS obeys the reply limit (MaxRequestBytes):
+// the connection that asks for more is closed with a log line naming it,
+// and the server goes on.
+func TestAttackListKeys(t *testing.T) {
+	forEngines(t, func(t *testing.T, engine string) {
+		a := startAttackServer(t, "ENGINE="+engine, "MAX_REQUEST="+strconv.Itoa(256<<10))
+		ctx := context.Background()
+		c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.Set(ctx, strings.Repeat("k", 4000)+"a", nil); err != nil {
+			t.Fatal(err)
+		}
+		// Under the limit: answered.
+		if keys, err := c.ListKeys(ctx); err != nil || len(keys) != 1 {
+			t.Fatalf("LIST_KEYS under the limit: %d keys, %v", len(keys), err)
+		}
+		for i := range 100 {
+			if err := c.Set(ctx, strings.Repeat("k", 4000)+strconv.Itoa(i), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := c.NumKeys(ctx); err != nil { // the sets have landed
+			t.Fatal(err)
+		}
+		r := rawV2(t, a.addr)
+		if _, err := r.Write([]byte{v2(opListKeys)}); err != nil {
+			t.Fatal(err)
+		}
+		_ = r.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if n, err := io.Copy(io.Discard, r); err != nil && !isConnReset(err) || n != 0 {
+			t.Fatalf("LIST_KEYS over the limit: read %d bytes, %v; want the connection closed with no reply", n, err)
+		}
+		waitLogged(t, a.log, "LIST_KEYS")
+		a.alive(t, 20)
+	})
+}
+
+// waitLogged waits until the server's log holds s.
+func waitLogged(t *testing.T, lb *syncBuf, s string) {
+	t.Helper()
+	for range 100 {
+		if strings.Contains(lb.String(), s) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("server log lacks %q", s)
+}
+
+// TestAttackPendingWaits: 120 K pending WAITs on one connection, then one
+// MULTI_SET of all their keys: the wake-ups cost O(waits woken), so other
+// clients are not stalled (their store timeout is 5 s; a scan of the
+// connection's wait list per wake-up took 41-53 s at 512 K).
+func TestAttackPendingWaits(t *testing.T) {
+	forEngines(t, func(t *testing.T, engine string) {
+		a := startAttackServer(t, "ENGINE="+engine)
+		const n = 120_000
+		w := rawV2(t, a.addr)
+		_ = w.(*net.TCPConn).SetReadBuffer(256 << 10)
+		var b, ms []byte
+		ms = appendU64([]byte{v2(opMultiSet)}, n)
+		for i := range n {
+			k := "/w" + strconv.Itoa(i)
+			b = append(b, req(v2(opWait), []string{k})...)
+			ms = appendStr(appendStr(ms, k), "1")
+		}
+		if _, err := w.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		// The waits are registered once a PING behind them is answered.
+		if _, err := w.Write(append([]byte{v2(opPing)}, 1, 2, 3, 4)); err != nil {
+			t.Fatal(err)
+		}
+		pong := make([]byte, 4)
+		_ = w.SetReadDeadline(time.Now().Add(60 * time.Second))
+		if _, err := io.ReadFull(w, pong); err != nil || !bytes.Equal(pong, []byte{1, 2, 3, 4}) {
+			t.Fatalf("PING after the waits: %x, %v", pong, err)
+		}
+		legit := make(chan []time.Duration, 1)
+		ctx := context.Background()
+		c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		go func() { legit <- legitOps(t, c, 300) }()
+		s := rawV2(t, a.addr)
+		if _, err := s.Write(ms); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, n)
+		if _, err := io.ReadFull(w, got); err != nil {
+			t.Fatalf("after the MULTI_SET: %v", err)
+		}
+		if i := bytes.IndexFunc(got, func(r rune) bool { return r != rune(replyStopWait) }); i >= 0 {
+			t.Fatalf("reply %d is %d, want STOP_WAITING", i, got[i])
+		}
+		lats := <-legit
+		t.Logf("%s: %d waits woken by one MULTI_SET; the other client's set+get p50 %v p99 %v max %v", engine, n,
+			lats[len(lats)/2], lats[len(lats)*99/100], lats[len(lats)-1])
+	})
+}
+
+// TestAttackSlowloris: requests begun and never finished are closed after
+// FrameTimeout (1 s here) with a log line; connections idle between
+// requests stay open and are served.
+func TestAttackSlowloris(t *testing.T) {
+	forEngines(t, func(t *testing.T, engine string) {
+		a := startAttackServer(t, "ENGINE="+engine, "FRAME_MS=1000")
+		var half, idle []net.Conn
+		for range 100 {
+			h := rawV2(t, a.addr)
+			if _, err := h.Write(req(v2(opSet), "/slow", strings.Repeat("v", 100))[:30]); err != nil {
+				t.Fatal(err)
+			}
+			half = append(half, h)
+			// A 1.x client's half request, before the dialect is known.
+			h1, err := net.Dial("tcp", a.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h1.Close()
+			_, _ = h1.Write([]byte{0, 1, 2})
+			half = append(half, h1)
+			idle = append(idle, rawV2(t, a.addr))
+		}
+		for i, h := range half {
+			_ = h.SetReadDeadline(time.Now().Add(30 * time.Second))
+			if _, err := h.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !isConnReset(err) {
+				t.Fatalf("half-sent request %d: %v; want the connection closed", i, err)
+			}
+		}
+		waitLogged(t, a.log, "was not complete after 1s")
+		for i, c := range idle {
+			if _, err := c.Write(append([]byte{v2(opPing)}, 9, 8, 7, 6)); err != nil {
+				t.Fatalf("idle connection %d: %v", i, err)
+			}
+			b := make([]byte, 4)
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.ReadFull(c, b); err != nil || !bytes.Equal(b, []byte{9, 8, 7, 6}) {
+				t.Fatalf("idle connection %d after the frame timeout: %x, %v", i, b, err)
+			}
+		}
+	})
+}
+
+// TestAttackConnectionFlood: a server at nofile 256 (MaxConns 192 by
+// default) flooded with 400 idle connections refuses the ones past the cap
+// at once, keeps serving the clients it has, and serves new ones once the
+// flood ends. With the cap above the descriptors (MAX_CONNS), accept hits
+// EMFILE: the spare descriptor refuses the waiting connection and the
+// accept loop backs off.
+func TestAttackConnectionFlood(t *testing.T) {
+	for _, tc := range []struct{ name, maxConns string }{{"cap", ""}, {"emfile", "MAX_CONNS=100000"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			forEngines(t, func(t *testing.T, engine string) {
+				env := []string{"ENGINE=" + engine, "NOFILE=256"}
+				if tc.maxConns != "" {
+					env = append(env, tc.maxConns)
+				}
+				a := startAttackServer(t, env...)
+				ctx := context.Background()
+				c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				legitOps(t, c, 10)
+				var flood []net.Conn
+				refused := 0
+				for range 400 {
+					f, err := net.Dial("tcp", a.addr)
+					if err != nil {
+						refused++
+						continue
+					}
+					flood = append(flood, f)
+				}
+				// Each flood connection either is served (PING) or was
+				// refused (EOF or reset), never left hanging.
+				for i, f := range flood {
+					_, _ = f.Write(append(appendU32([]byte{0}, validationMagic), v2(opPing), 1, 1, 1, 1))
+					_ = f.SetReadDeadline(time.Now().Add(20 * time.Second))
+					_, err := io.ReadFull(f, make([]byte, 4))
+					switch {
+					case err == nil:
+					case errors.Is(err, io.EOF), isConnReset(err):
+						refused++
+					default:
+						t.Fatalf("flood connection %d neither served nor refused: %v", i, err)
+					}
+				}
+				if refused == 0 {
+					t.Fatal("no connection of 400 was refused at nofile 256")
+				}
+				legitOps(t, c, 10)
+				for _, f := range flood {
+					f.Close()
+				}
+				var lats []time.Duration
+				for range 50 { // the server notices the closes
+					if c2, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 2 * time.Second, NoEnvSecret: true}); err == nil {
+						lats = legitOps(t, c2, 10)
+						c2.Close()
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				if lats == nil {
+					t.Fatal("no new client served after the flood ended")
+				}
+				t.Logf("%s: %d of 400 refused", engine, refused)
+			})
+		})
+	}
+}
+
+// TestAttackRefusalLogs: 300 clients without the secret are all refused,
+// and the server logs a bounded number of lines for them.
+func TestAttackRefusalLogs(t *testing.T) {
+	forEngines(t, func(t *testing.T, engine string) {
+		a := startAttackServer(t, "ENGINE="+engine, "SECRET=s3cret")
+		for range 300 {
+			r := rawV2(t, a.addr)
+			_, _ = r.Write(append([]byte{v2(opPing)}, 1, 2, 3, 4))
+			_ = r.SetReadDeadline(time.Now().Add(20 * time.Second))
+			_, _ = io.Copy(io.Discard, r)
+			r.Close()
+		}
+		ctx := context.Background()
+		c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, Secret: []byte("s3cret")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		legitOps(t, c, 10)
+		n := strings.Count(a.log.String(), "refused client")
+		t.Logf("%s: %d log lines for 300 refusals", engine, n)
+		if n < 1 || n > logBurst+10 {
+			t.Fatalf("%d refusal lines for 300 refused clients: want between 1 and %d", n, logBurst+10)
+		}
+	})
+}
+
+// budgetEnv is the budget of the amplification tests: 16 MiB, or
+// ATTACK_BUDGET to check that the tests fail without one.
+func budgetEnv() string {
+	if v := os.Getenv("ATTACK_BUDGET"); v != "" {
+		return v
+	}
+	return strconv.Itoa(16 << 20)
+}
+
+// TestWaitCap: a WAIT past MaxWaitKeysPerConn is answered WAIT_CANCELED
+// and logged, the connection goes on, and the client reports the refusal.
+func TestWaitCap(t *testing.T) {
+	srv, lb := newTestServer(t, ServerOptions{MaxWaitKeysPerConn: 4})
+	r := rawDial(t, srv.Addr().String(), DialectV2)
+	r.send(req(cWait, []string{"/a", "/b", "/c"}))
+	r.send(req(cWait, []string{"/d"}))
+	r.send(req(cWait, []string{"/e"}))
+	r.want(1, []byte{replyWaitCancel})
+	lb.waitLog(t, "refused a WAIT")
+	r.send(req(cSet, "/a", "1"))
+	r.send(req(cSet, "/b", "1"))
+	r.send(req(cSet, "/c", "1"))
+	r.send(req(cSet, "/d", "1"))
+	r.want(2, []byte{replyStopWait, replyStopWait})
+	// The keys are free again: a wait for five keys is refused, one for
+	// four is not.
+	r.send(req(cWait, []string{"/v", "/w", "/x", "/y", "/z"}))
+	r.want(1, []byte{replyWaitCancel})
+	r.send(req(cWait, []string{"/w", "/x", "/y", "/z"}))
+
+	c := dial(t, srv.Addr().String(), ClientOptions{})
+	err := c.Wait(context.Background(), "p", "q", "r", "s", "t")
+	if err == nil || !strings.Contains(err.Error(), "refused the WAIT") {
+		t.Fatalf("client wait past the cap: %v", err)
+	}
+}
