@@ -43,7 +43,13 @@ func main() {
 	case "serve":
 		err = serve(os.Args[2:])
 	case "bench":
-		err = bench(os.Args[2:])
+		if len(os.Args) > 2 && os.Args[2] == "rendezvous" {
+			err = benchRendezvous(os.Args[3:])
+		} else {
+			err = bench(os.Args[2:])
+		}
+	case "rendezvous-client": // the client processes of bench rendezvous
+		err = rendezvousClient(os.Args[2:])
 	case "-h", "--help", "help":
 		usage()
 	default:
@@ -149,7 +155,9 @@ func loopbackOnly(a net.Addr) bool {
 }
 
 const torchServerPy = `
-import sys, datetime, torch, torch.distributed as dist
+import sys, datetime, resource, torch, torch.distributed as dist
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # thousands of clients in bench rendezvous
 s = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=300), wait_for_workers=False)
 print("PORT", s.port, torch.__version__, flush=True)
 sys.stdin.read()
