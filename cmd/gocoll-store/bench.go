@@ -45,6 +45,7 @@ func bench(args []string) error {
 	openConns := fs.Int("open-conns", 64, "connections of the open-loop rows")
 	py := fs.String("torch", "/usr/bin/python3", "python with torch, for the torch server (empty: skip)")
 	baseline := fs.String("baseline", "", "another gocoll-store binary whose server is measured too (e.g. one built from an older commit)")
+	baselineEngines := fs.String("baseline-engines", "auto", "engines of the baseline server, each in its own process")
 	clientCPU := fs.Int("client-cpu", 0, "CPU the client's event-loop thread is pinned to (-1: not pinned)")
 	serverCPU := fs.String("server-cpu", "1", "CPU list the server processes are pinned to with taskset (empty: not pinned)")
 	serverProcs := fs.Int("server-procs", 1, "GOMAXPROCS of our server processes (0: Go's default)")
@@ -92,12 +93,18 @@ func bench(args []string) error {
 		}
 	}
 	if *baseline != "" {
-		addr, pid, stop, err := startOurServer(*baseline, *serverCPU, *serverProcs, "")
-		if err != nil {
-			return fmt.Errorf("baseline server: %w", err)
+		for e := range strings.SplitSeq(*baselineEngines, ",") {
+			addr, pid, stop, err := startOurServer(*baseline, *serverCPU, *serverProcs, e)
+			if err != nil {
+				return fmt.Errorf("baseline server, engine %s: %w", e, err)
+			}
+			defer stop()
+			name := "gocoll baseline"
+			if e != "auto" {
+				name += " " + e
+			}
+			targets = append(targets, benchTarget{name, addr, pid})
 		}
-		defer stop()
-		targets = append(targets, benchTarget{"gocoll baseline", addr, pid})
 	}
 	torchName := ""
 	if *py != "" {
