@@ -252,8 +252,8 @@ func amplify(t *testing.T, engine string, conns int, setup func(c *TCPStore), re
 	lats = append(lats, a.alive(t, 50)...)
 	slices.Sort(lats)
 	grew := a.status(t, "VmHWM") - base
-	t.Logf("%s: %d connections: peak RSS grew %d MiB (limit %d MiB); legitimate set+get p50 %v p99 %v",
-		engine, conns, grew>>20, limit>>20, lats[len(lats)/2], lats[len(lats)*99/100])
+	t.Logf("%s: %d connections: peak RSS grew %d MiB (limit %d MiB) to %d MiB; legitimate set+get p50 %v p99 %v",
+		engine, conns, grew>>20, limit>>20, a.status(t, "VmHWM")>>20, lats[len(lats)/2], lats[len(lats)*99/100])
 	if grew > limit {
 		t.Fatalf("peak RSS grew %d MiB, over %d MiB: the memory budget does not hold", grew>>20, limit>>20)
 	}
@@ -264,7 +264,7 @@ func amplify(t *testing.T, engine string, conns int, setup func(c *TCPStore), re
 // connection (280 MiB for 40).
 func TestAttackMultiGetAmplification(t *testing.T) {
 	forEngines(t, func(t *testing.T, engine string) {
-		val := bytes.Repeat([]byte("v"), 1<<20)
+		val := bytes.Repeat([]byte("v"), scale.mgValue)
 		setup := func(c *TCPStore) {
 			for i := range 7 {
 				if err := c.Set(context.Background(), "big"+strconv.Itoa(i), val); err != nil {
@@ -273,7 +273,7 @@ func TestAttackMultiGetAmplification(t *testing.T) {
 			}
 		}
 		keys := []string{"/big0", "/big1", "/big2", "/big3", "/big4", "/big5", "/big6"}
-		amplify(t, engine, 40, setup, req(v2(opMultiGet), keys), 80<<20)
+		amplify(t, engine, scale.mgConns, setup, req(v2(opMultiGet), keys), scale.rssLimit)
 	})
 }
 
@@ -295,7 +295,7 @@ func TestAttackGetAmplification(t *testing.T) {
 		for range 3 {
 			r = append(r, req(v2(opGet), "/big")...)
 		}
-		amplify(t, engine, 32, setup, r, 80<<20)
+		amplify(t, engine, scale.getConns, setup, r, scale.rssLimit)
 	})
 }
 
@@ -304,22 +304,22 @@ func TestAttackGetAmplification(t *testing.T) {
 // and the server goes on.
 func TestAttackListKeys(t *testing.T) {
 	forEngines(t, func(t *testing.T, engine string) {
-		a := startAttackServer(t, "ENGINE="+engine, "MAX_REQUEST="+strconv.Itoa(256<<10))
+		a := startAttackServer(t, "ENGINE="+engine, "MAX_REQUEST="+strconv.Itoa(scale.listMaxReq))
 		ctx := context.Background()
 		c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		if err := c.Set(ctx, strings.Repeat("k", 4000)+"a", nil); err != nil {
+		if err := c.Set(ctx, strings.Repeat("k", scale.listKeyLen-8)+"a", nil); err != nil {
 			t.Fatal(err)
 		}
 		// Under the limit: answered.
 		if keys, err := c.ListKeys(ctx); err != nil || len(keys) != 1 {
 			t.Fatalf("LIST_KEYS under the limit: %d keys, %v", len(keys), err)
 		}
-		for i := range 100 {
-			if err := c.Set(ctx, strings.Repeat("k", 4000)+strconv.Itoa(i), nil); err != nil {
+		for i := range scale.listKeys {
+			if err := c.Set(ctx, fmt.Sprintf("%s%08d", strings.Repeat("k", scale.listKeyLen-9), i), nil); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -335,7 +335,9 @@ func TestAttackListKeys(t *testing.T) {
 			t.Fatalf("LIST_KEYS over the limit: read %d bytes, %v; want the connection closed with no reply", n, err)
 		}
 		waitLogged(t, a.log, "LIST_KEYS")
-		a.alive(t, 20)
+		lats := a.alive(t, 100)
+		t.Logf("%s: LIST_KEYS over %d keys refused; peak RSS %d MiB; a new client's set+get p99 %v", engine, scale.listKeys+1,
+			a.status(t, "VmHWM")>>20, lats[len(lats)*99/100])
 	})
 }
 
@@ -358,27 +360,32 @@ func waitLogged(t *testing.T, lb *syncBuf, s string) {
 func TestAttackPendingWaits(t *testing.T) {
 	forEngines(t, func(t *testing.T, engine string) {
 		a := startAttackServer(t, "ENGINE="+engine)
-		const n = 120_000
-		w := rawV2(t, a.addr)
-		_ = w.(*net.TCPConn).SetReadBuffer(256 << 10)
-		var b, ms []byte
-		ms = appendU64([]byte{v2(opMultiSet)}, n)
-		for i := range n {
-			k := "/w" + strconv.Itoa(i)
-			b = append(b, req(v2(opWait), []string{k})...)
-			ms = appendStr(appendStr(ms, k), "1")
-		}
-		if _, err := w.Write(b); err != nil {
-			t.Fatal(err)
-		}
-		// The waits are registered once a PING behind them is answered.
-		if _, err := w.Write(append([]byte{v2(opPing)}, 1, 2, 3, 4)); err != nil {
-			t.Fatal(err)
-		}
-		pong := make([]byte, 4)
-		_ = w.SetReadDeadline(time.Now().Add(60 * time.Second))
-		if _, err := io.ReadFull(w, pong); err != nil || !bytes.Equal(pong, []byte{1, 2, 3, 4}) {
-			t.Fatalf("PING after the waits: %x, %v", pong, err)
+		n := scale.waitsPerConn
+		var ws []net.Conn
+		var sets [][]byte
+		for ci := range scale.waitConns {
+			w := rawV2(t, a.addr)
+			_ = w.(*net.TCPConn).SetReadBuffer(256 << 10)
+			var b []byte
+			ms := appendU64([]byte{v2(opMultiSet)}, uint64(n))
+			for i := range n {
+				k := "/w" + strconv.Itoa(ci) + "/" + strconv.Itoa(i)
+				b = append(b, req(v2(opWait), []string{k})...)
+				ms = appendStr(appendStr(ms, k), "1")
+			}
+			if _, err := w.Write(b); err != nil {
+				t.Fatal(err)
+			}
+			// The waits are registered once a PING behind them is answered.
+			if _, err := w.Write(append([]byte{v2(opPing)}, 1, 2, 3, 4)); err != nil {
+				t.Fatal(err)
+			}
+			pong := make([]byte, 4)
+			_ = w.SetReadDeadline(time.Now().Add(120 * time.Second))
+			if _, err := io.ReadFull(w, pong); err != nil || !bytes.Equal(pong, []byte{1, 2, 3, 4}) {
+				t.Fatalf("PING after the waits: %x, %v", pong, err)
+			}
+			ws, sets = append(ws, w), append(sets, ms)
 		}
 		legit := make(chan []time.Duration, 1)
 		ctx := context.Background()
@@ -389,19 +396,25 @@ func TestAttackPendingWaits(t *testing.T) {
 		defer c.Close()
 		go func() { legit <- legitOps(t, c, 300) }()
 		s := rawV2(t, a.addr)
-		if _, err := s.Write(ms); err != nil {
-			t.Fatal(err)
+		t0 := time.Now()
+		for _, ms := range sets {
+			if _, err := s.Write(ms); err != nil {
+				t.Fatal(err)
+			}
 		}
-		got := make([]byte, n)
-		if _, err := io.ReadFull(w, got); err != nil {
-			t.Fatalf("after the MULTI_SET: %v", err)
+		for _, w := range ws {
+			got := make([]byte, n)
+			if _, err := io.ReadFull(w, got); err != nil {
+				t.Fatalf("after the MULTI_SET: %v", err)
+			}
+			if i := bytes.IndexFunc(got, func(r rune) bool { return r != rune(replyStopWait) }); i >= 0 {
+				t.Fatalf("reply %d is %d, want STOP_WAITING", i, got[i])
+			}
 		}
-		if i := bytes.IndexFunc(got, func(r rune) bool { return r != rune(replyStopWait) }); i >= 0 {
-			t.Fatalf("reply %d is %d, want STOP_WAITING", i, got[i])
-		}
+		woken := time.Since(t0)
 		lats := <-legit
-		t.Logf("%s: %d waits woken by one MULTI_SET; the other client's set+get p50 %v p99 %v max %v", engine, n,
-			lats[len(lats)/2], lats[len(lats)*99/100], lats[len(lats)-1])
+		t.Logf("%s: %d waits on %d connections woken by %d MULTI_SETs in %v; the other client's set+get p50 %v p99 %v max %v", engine,
+			n*scale.waitConns, scale.waitConns, len(sets), woken, lats[len(lats)/2], lats[len(lats)*99/100], lats[len(lats)-1])
 	})
 }
 
@@ -410,9 +423,14 @@ func TestAttackPendingWaits(t *testing.T) {
 // requests stay open and are served.
 func TestAttackSlowloris(t *testing.T) {
 	forEngines(t, func(t *testing.T, engine string) {
-		a := startAttackServer(t, "ENGINE="+engine, "FRAME_MS=1000")
+		a := startAttackServer(t, "ENGINE="+engine, "FRAME_MS="+strconv.Itoa(scale.frameMS))
+		frame := time.Duration(scale.frameMS) * time.Millisecond
+		if frame == 0 {
+			frame = 30 * time.Second
+		}
 		var half, idle []net.Conn
-		for range 100 {
+		t0 := time.Now()
+		for range scale.slow {
 			h := rawV2(t, a.addr)
 			if _, err := h.Write(req(v2(opSet), "/slow", strings.Repeat("v", 100))[:30]); err != nil {
 				t.Fatal(err)
@@ -429,12 +447,13 @@ func TestAttackSlowloris(t *testing.T) {
 			idle = append(idle, rawV2(t, a.addr))
 		}
 		for i, h := range half {
-			_ = h.SetReadDeadline(time.Now().Add(30 * time.Second))
+			_ = h.SetReadDeadline(time.Now().Add(frame + 30*time.Second))
 			if _, err := h.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !isConnReset(err) {
 				t.Fatalf("half-sent request %d: %v; want the connection closed", i, err)
 			}
 		}
-		waitLogged(t, a.log, "was not complete after 1s")
+		closed := time.Since(t0)
+		waitLogged(t, a.log, "was not complete after "+frame.String())
 		for i, c := range idle {
 			if _, err := c.Write(append([]byte{v2(opPing)}, 9, 8, 7, 6)); err != nil {
 				t.Fatalf("idle connection %d: %v", i, err)
@@ -445,6 +464,8 @@ func TestAttackSlowloris(t *testing.T) {
 				t.Fatalf("idle connection %d after the frame timeout: %x, %v", i, b, err)
 			}
 		}
+		t.Logf("%s: %d half requests closed %v after the first (frame timeout %v); %d idle connections still served", engine,
+			len(half), closed.Round(time.Millisecond), frame, len(idle))
 	})
 }
 
@@ -458,7 +479,7 @@ func TestAttackConnectionFlood(t *testing.T) {
 	for _, tc := range []struct{ name, maxConns string }{{"cap", ""}, {"emfile", "MAX_CONNS=100000"}} {
 		t.Run(tc.name, func(t *testing.T) {
 			forEngines(t, func(t *testing.T, engine string) {
-				env := []string{"ENGINE=" + engine, "NOFILE=256"}
+				env := []string{"ENGINE=" + engine, "NOFILE=" + strconv.Itoa(scale.nofile)}
 				if tc.maxConns != "" {
 					env = append(env, tc.maxConns)
 				}
@@ -472,7 +493,7 @@ func TestAttackConnectionFlood(t *testing.T) {
 				legitOps(t, c, 10)
 				var flood []net.Conn
 				refused := 0
-				for range 400 {
+				for range scale.flood {
 					f, err := net.Dial("tcp", a.addr)
 					if err != nil {
 						refused++
@@ -495,7 +516,7 @@ func TestAttackConnectionFlood(t *testing.T) {
 					}
 				}
 				if refused == 0 {
-					t.Fatal("no connection of 400 was refused at nofile 256")
+					t.Fatalf("no connection of %d was refused at nofile %d", scale.flood, scale.nofile)
 				}
 				legitOps(t, c, 10)
 				for _, f := range flood {
@@ -513,7 +534,8 @@ func TestAttackConnectionFlood(t *testing.T) {
 				if lats == nil {
 					t.Fatal("no new client served after the flood ended")
 				}
-				t.Logf("%s: %d of 400 refused", engine, refused)
+				t.Logf("%s: nofile %d: %d of %d connections refused, the client connected before served throughout, a new one served after", engine,
+					scale.nofile, refused, scale.flood)
 			})
 		})
 	}
@@ -524,7 +546,8 @@ func TestAttackConnectionFlood(t *testing.T) {
 func TestAttackRefusalLogs(t *testing.T) {
 	forEngines(t, func(t *testing.T, engine string) {
 		a := startAttackServer(t, "ENGINE="+engine, "SECRET=s3cret")
-		for range 300 {
+		start := time.Now()
+		for range scale.refusals {
 			r := rawV2(t, a.addr)
 			_, _ = r.Write(append([]byte{v2(opPing)}, 1, 2, 3, 4))
 			_ = r.SetReadDeadline(time.Now().Add(20 * time.Second))
@@ -539,21 +562,46 @@ func TestAttackRefusalLogs(t *testing.T) {
 		defer c.Close()
 		legitOps(t, c, 10)
 		n := strings.Count(a.log.String(), "refused client")
-		t.Logf("%s: %d log lines for 300 refusals", engine, n)
-		if n < 1 || n > logBurst+10 {
-			t.Fatalf("%d refusal lines for 300 refused clients: want between 1 and %d", n, logBurst+10)
+		t.Logf("%s: %d log lines for %d refusals", engine, n, scale.refusals)
+		if n < 1 || n > logBurst+10*int(time.Since(start).Seconds()+1) {
+			t.Fatalf("%d refusal lines for %d refused clients", n, scale.refusals)
 		}
 	})
 }
 
-// budgetEnv is the budget of the amplification tests: 16 MiB, or
-// ATTACK_BUDGET to check that the tests fail without one.
+// budgetEnv is the budget of the amplification tests: 16 MiB (the
+// default, 256 MiB, at full scale), or ATTACK_BUDGET to check that the
+// tests fail without one.
 func budgetEnv() string {
 	if v := os.Getenv("ATTACK_BUDGET"); v != "" {
 		return v
 	}
+	if scale.full {
+		return "0"
+	}
 	return strconv.Itoa(16 << 20)
 }
+
+// attackScale sizes the attacks: small for CI, or, with
+// GOCOLL_STORE_ATTACK_FULL=1, the sizes of issue 14's table (200
+// connections, 8 MiB values, 512 K waits, 1000 slowloris sockets, nofile
+// 1024 with 1100 connections), for the figures in docs/perf.md.
+type attackScale struct {
+	full                             bool
+	mgConns, mgValue, getConns       int
+	rssLimit                         int64 // peak RSS growth allowed
+	listKeys, listKeyLen, listMaxReq int
+	waitConns, waitsPerConn          int
+	slow, frameMS                    int
+	nofile, flood, refusals          int
+}
+
+var scale = func() attackScale {
+	if os.Getenv("GOCOLL_STORE_ATTACK_FULL") != "" {
+		return attackScale{true, 200, 8 << 20, 200, 512 << 20, 8192, 8190, 0, 4, 131072, 500, 0, 1024, 1100, 1000}
+	}
+	return attackScale{false, 40, 1 << 20, 32, 80 << 20, 100, 4000, 256 << 10, 1, 120_000, 100, 1000, 256, 400, 300}
+}()
 
 // TestWaitCap: a WAIT past MaxWaitKeysPerConn is answered WAIT_CANCELED
 // and logged, the connection goes on, and the client reports the refusal.

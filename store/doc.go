@@ -29,15 +29,22 @@
 // (every torch rank then connects as a client instead of rank 0 hosting the
 // store), or pass store=TCPStore(host, port, is_master=False) to
 // init_process_group. Torch 1.13 needs TORCHELASTIC_RESTART_COUNT=0 as well
-// with the agent store. With --secret (or GOCOLL_STORE_SECRET) the server
-// admits only gocoll clients that know the secret; PyTorch clients cannot
-// pass that handshake, so leave it off when torch ranks connect.
+// with the agent store. With --secret-file (or GOCOLL_STORE_SECRET; never
+// on the command line, where ps shows it) the server admits only gocoll
+// clients that know the secret; PyTorch clients cannot pass that
+// handshake, so leave it off when torch ranks connect.
 //
 // # Limits and failure behaviour
 //
 // The server checks every length before allocating (keys ≤ 8 KiB, values ≤
 // ServerOptions.MaxValueLen, ≤ 128 Ki keys per request) and closes a
-// connection that sends malformed input, logging one line; other
-// connections carry on. Close closes every connection, so blocked clients
-// fail at once with an error wrapping ErrClosed.
+// connection that sends malformed input, logging one line (at most 10 a
+// second past a burst); other connections carry on. Queued replies and
+// request buffers share one server-wide MemoryBudget (256 MiB): a
+// connection whose reply does not fit stops being read until memory is
+// released, while small replies always fit. A request must arrive whole
+// within FrameTimeout (30 s), but idle connections are never closed;
+// connections past MaxConns (from RLIMIT_NOFILE) are refused; a connection
+// waits on at most MaxWaitKeysPerConn keys. Close closes every connection,
+// so blocked clients fail at once with an error wrapping ErrClosed.
 package store

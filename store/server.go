@@ -420,6 +420,10 @@ func (s *TCPServer) acceptLoop() {
 // refuseOne accepts one waiting connection with the spare descriptor and
 // closes it, reporting whether it did.
 func (s *TCPServer) refuseOne() bool {
+	// The spare may have been lost to another descriptor taken between
+	// its close and its reopening (the ring engine duplicates sockets it
+	// adopts): try again first, since a connection may have closed since.
+	s.spare.open()
 	if !s.spare.release() {
 		return false
 	}
