@@ -234,6 +234,7 @@ func ringAvailable() bool {
 // legitimate client was served.
 func amplify(t *testing.T, engine string, conns int, setup func(c *TCPStore), req []byte, limit int64) {
 	a := startAttackServer(t, "ENGINE="+engine, "BUDGET="+budgetEnv())
+	limit *= raceRSS // the server process is built with the test binary's flags
 	ctx := context.Background()
 	c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
 	if err != nil {
