@@ -238,10 +238,10 @@ type TCPServer struct {
 	ring *ringEngine // nil: every connection has its own goroutine
 
 	sending atomic.Int64 // reply bytes handed to a write not yet complete (Stats)
-	budget *memBudget
-	logs   logLimiter
-	open   atomic.Int64 // connections accepted and not yet closed
-	spare  spareFD      // a descriptor given up to accept and refuse on EMFILE
+	budget  *memBudget
+	logs    logLimiter
+	open    atomic.Int64 // connections accepted and not yet closed
+	spare   spareFD      // a descriptor given up to accept and refuse on EMFILE
 
 	connMu sync.Mutex
 	conns  map[*srvConn]struct{}
