@@ -162,7 +162,7 @@ func (a *attackServer) settle(t *testing.T) {
 func (a *attackServer) alive(t *testing.T, ops int) []time.Duration {
 	t.Helper()
 	ctx := context.Background()
-	c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
+	c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: legitTimeout, NoEnvSecret: true})
 	if err != nil {
 		t.Fatalf("a new client cannot connect: %v", err)
 	}
@@ -236,7 +236,7 @@ func amplify(t *testing.T, engine string, conns int, setup func(c *TCPStore), re
 	a := startAttackServer(t, "ENGINE="+engine, "BUDGET="+budgetEnv())
 	limit *= raceRSS // the server process is built with the test binary's flags
 	ctx := context.Background()
-	c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
+	c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: legitTimeout, NoEnvSecret: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestAttackListKeys(t *testing.T) {
 	forEngines(t, func(t *testing.T, engine string) {
 		a := startAttackServer(t, "ENGINE="+engine, "MAX_REQUEST="+strconv.Itoa(scale.listMaxReq))
 		ctx := context.Background()
-		c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
+		c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: legitTimeout, NoEnvSecret: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -390,7 +390,7 @@ func TestAttackPendingWaits(t *testing.T) {
 		}
 		legit := make(chan []time.Duration, 1)
 		ctx := context.Background()
-		c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
+		c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: legitTimeout, NoEnvSecret: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -486,7 +486,7 @@ func TestAttackConnectionFlood(t *testing.T) {
 				}
 				a := startAttackServer(t, env...)
 				ctx := context.Background()
-				c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, NoEnvSecret: true})
+				c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: legitTimeout, NoEnvSecret: true})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -556,7 +556,7 @@ func TestAttackRefusalLogs(t *testing.T) {
 			r.Close()
 		}
 		ctx := context.Background()
-		c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: 5 * time.Second, Secret: []byte("s3cret")})
+		c, err := DialTCPStore(ctx, a.addr, ClientOptions{Timeout: legitTimeout, Secret: []byte("s3cret")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -631,3 +631,7 @@ func TestWaitCap(t *testing.T) {
 		t.Fatalf("client wait past the cap: %v", err)
 	}
 }
+
+// legitTimeout is the store timeout of the legitimate clients: 5 s, longer
+// under the race detector, which slows the server process several times.
+const legitTimeout = 5 * time.Second * raceRSS
