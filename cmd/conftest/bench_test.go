@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/gocoll/gocoll/dispatcher"
 	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
+	"golang.org/x/sys/unix"
 )
 
 // init lets the test binary stand in for conftest where bench starts
@@ -414,5 +416,51 @@ func TestPlot(t *testing.T) {
 	}
 	if err := benchPlot([]string{"-o", out, "--metric", "algbw", in}); err != nil {
 		t.Errorf("algbw plot of world 1: %v", err)
+	}
+}
+
+// TestProgress: the progress line is drawn on a terminal (a pty here)
+// and not on a pipe, and it counts rows of the total.
+func TestProgress(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if isTerminal(w) {
+		t.Error("a pipe counted as a terminal")
+	}
+	if ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0); err == nil {
+		defer ptmx.Close()
+		if err := unix.IoctlSetPointerInt(int(ptmx.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+			t.Fatal(err)
+		}
+		n, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPTN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pts, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pts.Close()
+		if !isTerminal(pts) {
+			t.Error("a pty is not a terminal")
+		}
+	} else {
+		t.Logf("no pty to try (%v)", err)
+	}
+	series := []benchSeries{{name: "cpupool", also: []string{rawNCCLName}}, {name: "raw-ucc", ops: []string{opAllreduce}}}
+	p := newProgress(series, []string{opAllreduce, opAllgather}, []int{8, 1024}, 4, 2)
+	// (1 + 1 also) × 2 ops × 2 sizes (8 B allgather is too small for 4 ranks: 3 rows) × 2 repeats + raw-ucc 2 sizes × 2.
+	if p.total != 2*3*2+2*2 {
+		t.Errorf("total %d rows", p.total)
+	}
+	var b bytes.Buffer
+	p.w = &b
+	p.step(benchSample{series: "cpupool", op: opAllreduce, bytes: 8})
+	if !strings.Contains(b.String(), "1 of 16 rows, cpupool allreduce 8 B") {
+		t.Errorf("progress line %q", b.String())
 	}
 }
