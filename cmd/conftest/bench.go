@@ -118,14 +118,6 @@ func bench(args []string) error {
 	if err != nil {
 		return err
 	}
-	// gpus.go: the machine section (NVML), or the line saying why there is
-	// none; the --json reports carry its lines too.
-	var machine bytes.Buffer
-	printMachine(io.MultiWriter(os.Stdout, &machine), 0)
-	machineJSON, err := json.Marshal(strings.Split(strings.TrimRight(machine.String(), "\n"), "\n"))
-	if err != nil {
-		return err
-	}
 	sizes, err := benchSizes(minB, maxB, factor, *sizeList)
 	if err != nil {
 		return err
@@ -242,6 +234,14 @@ func bench(args []string) error {
 			}
 			series = append(series, pf.mpiSeries(common))
 		}
+	}
+	// gpus.go: the machine section (NVML), or the line saying why there is
+	// none; the --json reports carry its lines too.
+	var machine bytes.Buffer
+	printMachine(io.MultiWriter(os.Stdout, &machine), 0)
+	machineJSON, err := json.Marshal(strings.Split(strings.TrimRight(machine.String(), "\n"), "\n"))
+	if err != nil {
+		return err
 	}
 	file := &benchFile{Date: time.Now().UTC().Format(time.RFC3339), Command: os.Args, Note: *note}
 	file.Host, _ = os.Hostname()
