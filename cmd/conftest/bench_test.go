@@ -464,3 +464,30 @@ func TestProgress(t *testing.T) {
 		t.Errorf("progress line %q", b.String())
 	}
 }
+
+// TestBenchBadInput: bad flags fail before anything runs, naming the
+// value.
+func TestBenchBadInput(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--backend", "gloo"}, `"gloo"`},
+		{[]string{"--op", "allreduce,scan"}, `"scan"`},
+		{[]string{"-c", "2"}, "-c 2"},
+		{[]string{"-b", "1M", "-e", "8"}, "-b 1M is above -e 8"},
+		{[]string{"-e", "3"}, `"3"`},
+		{[]string{"-f", "1"}, "-f 1"},
+		{[]string{"--nproc", "2,x"}, `"x"`},
+		{[]string{"--backend", "nccl", "--peers", "gloo"}, `"gloo" does not go with --backend nccl`},
+		{[]string{"--peers", "raw-ucc"}, "raw-ucc needs --backend ucc"},
+		{[]string{"--peers", "nccl-tests"}, `"nccl-tests"`},
+		{[]string{"--peers", "cpupool"}, "that is the backend measured"},
+		{[]string{"extra"}, `unknown bench subcommand "extra"`},
+	} {
+		err := bench(c.args)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("bench %q: %v, want an error with %q", c.args, err, c.want)
+		}
+	}
+}
