@@ -323,11 +323,15 @@ func (p *pgRunner) issue(ctx context.Context, c *benchCase) error {
 func (p *pgRunner) run(ctx context.Context, c *benchCase, iters int) error {
 	p.works = p.works[:0]
 	slots := append([]*benchCase{c}, c.spare...)
+	window := len(slots) // ops in flight before a wait
+	if p.dev.dev != nil {
+		window = iters // the stream orders them: no wait until the end
+	}
 	starts := make([]int, 0, iters+1)
 	done := 0 // p.works[:done] have been waited for
 	for i := range iters {
-		if i >= len(slots) {
-			end := starts[i-len(slots)+1]
+		if i >= window {
+			end := starts[i-window+1]
 			for ; done < end; done++ {
 				if err := p.works[done].Wait(ctx); err != nil {
 					return err
