@@ -6,6 +6,8 @@
 //   - bench_torch.py: torch.distributed's side of `conftest bench`, every
 //     op: gloo on the CPU (the gloo peer, torch 1.13), NCCL on GPUs (the
 //     torch peer, torch 2.11).
+//   - hostcost_torch.py: torch's host cost per all_reduce call (nccl or gloo,
+//     world 1), the peer of `conftest bench hostcost`.
 //   - store_torch211_check.py: torch 2.x against a gocoll-store server
 //     (run by scripts/store-gpu-run.sh).
 //

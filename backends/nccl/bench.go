@@ -35,3 +35,15 @@ func (b *Backend) rawAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.St
 	}
 	return time.Duration(ns), nil
 }
+
+// RawAllreduce is NCCL's own call, the peer of host-cost benchmarks
+// (`conftest bench hostcost`): iters in-place SUM allreduces of t (a CUDA
+// tensor of a dtype NCCL has), issued by a C loop on stream s with the
+// communicator of t's device, no events, no Go in between. It returns the
+// host time the C loop measured around its calls.
+func (b *Backend) RawAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) (time.Duration, error) {
+	if iters < 1 {
+		return 0, fmt.Errorf("nccl: RawAllreduce of %d calls", iters)
+	}
+	return b.rawAllreduce(ctx, t, s, iters)
+}

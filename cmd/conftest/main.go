@@ -9,6 +9,8 @@
 //	conftest gpus [--json]             the GPUs, their topology and health (NVML)
 //	conftest bench --backend cpupool --op all -b 8 -e 64M -f 4 --nproc 2 -c 1   nccl-tests' tables beside the peers
 //	conftest bench plot -o out.svg FILE...   busbw against size from bench --json files
+//	conftest bench overlap [--killer all]    GEMM / async allreduce overlap and its killers (one GPU per rank)
+//	conftest bench hostcost [--backend nccl] host cost per op call beside NCCL's own and torch's
 //	conftest fr analyze [--job ID] DIR      the first collective on which the ranks' flight-recorder dumps disagree
 //	conftest help                           the commands
 //
@@ -54,7 +56,11 @@ func main() {
 	case "ops":
 		err = ops(args)
 	case "bench":
-		err = bench(args)
+		if mode := benchMode(args); mode != nil { // overlap.go: bench overlap, bench hostcost
+			err = mode(args[1:])
+		} else {
+			err = bench(args)
+		}
 	case "bench-rank":
 		err = benchRank(args)
 	case "fr":
@@ -84,6 +90,8 @@ func usage(w io.Writer) {
   conftest gpus [--json]    the GPUs (NVML): topology, driver, NCCL, health, XID events
   conftest bench [flags]    nccl-tests' tables for a backend and op, peers beside (gloo, Open MPI; raw NCCL, torch)
   conftest bench plot -o out.svg FILE...   busbw against size from bench --json files
+  conftest bench overlap    GEMM + async allreduce overlap, with its killers (nccl, GPUs)
+  conftest bench hostcost   host cost per allreduce call, beside NCCL's own call and torch
   conftest fr analyze DIR   read the flight-recorder dumps in DIR (one job's: --job ID) and print the first collective on which the ranks disagree
   conftest help             this list
 run "conftest run -h", "conftest bench -h" or "conftest fr analyze -h" for the flags

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// hcStat is one mode's samples, summarised.
+type hcStat struct {
+	mode                   string
+	wall, wallMin, wallMax float64
+	cpu                    float64
+	rounds                 int
+}
+
+// hostCostStats groups samples by mode, in first-seen order, with the
+// median and range of the wall time and the median CPU time.
+func hostCostStats(samples []hcSample) []hcStat {
+	var order []string
+	by := map[string][]hcSample{}
+	for _, s := range samples {
+		if _, ok := by[s.Mode]; !ok {
+			order = append(order, s.Mode)
+		}
+		by[s.Mode] = append(by[s.Mode], s)
+	}
+	out := make([]hcStat, 0, len(order))
+	for _, m := range order {
+		var w, c []float64
+		for _, s := range by[m] {
+			w, c = append(w, s.WallNs), append(c, s.CPUNs)
+		}
+		out = append(out, hcStat{mode: m, wall: medianOf(w), wallMin: slices.Min(w), wallMax: slices.Max(w), cpu: medianOf(c), rounds: len(w)})
+	}
+	return out
+}
+
+// hostCostGoal is issue 16's goal: an async allreduce + Wait through the
+// dispatcher, recorder on, within 1 µs of NCCL's own call.
+const (
+	hcGoalMode = "dispatcher async+Wait, recorder on"
+	hcRawMode  = "nccl raw"
+	hcGoalNs   = 1000.0
+)
+
+// hostCostTable renders the stats: each mode's wall time per call (median
+// and range over the rounds), its thread CPU time, its excess over NCCL's
+// own call (nccl) and its ratio to torch's async + wait, then the goal.
+func hostCostTable(desc string, f *hcFlags, samples []hcSample) string {
+	stats := hostCostStats(samples)
+	find := func(mode string) *hcStat {
+		for i := range stats {
+			if stats[i].mode == mode {
+				return &stats[i]
+			}
+		}
+		return nil
+	}
+	raw := find(hcRawMode)
+	var torchAsync *hcStat
+	for i := range stats {
+		if strings.HasPrefix(stats[i].mode, "torch ") && strings.HasSuffix(stats[i].mode, " async") {
+			torchAsync = &stats[i]
+		}
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "hostcost: %s; %d Go rounds, modes taking turns, torch between rounds; medians over rounds, [min-max]\n\n", desc, f.reps)
+	sb.WriteString("| mode | rounds | wall ns/call | [min-max] | thread CPU ns/call | over nccl raw µs | / torch async+wait |\n|---|---|---|---|---|---|---|\n")
+	for _, s := range stats {
+		over, ratio := "", ""
+		if raw != nil && !strings.HasPrefix(s.mode, "torch ") {
+			over = fmt.Sprintf("%+.2f", (s.wall-raw.wall)/1e3)
+		}
+		if torchAsync != nil && torchAsync.wall > 0 {
+			ratio = fmt.Sprintf("%.3f", s.wall/torchAsync.wall)
+		}
+		fmt.Fprintf(&sb, "| %s | %d | %.0f | %.0f-%.0f | %.0f | %s | %s |\n", s.mode, s.rounds, s.wall, s.wallMin, s.wallMax, s.cpu, over, ratio)
+	}
+	if g := find(hcGoalMode); g != nil && raw != nil {
+		d := g.wall - raw.wall
+		verdict := "met"
+		if d > hcGoalNs {
+			verdict = "missed"
+		}
+		fmt.Fprintf(&sb, "\ngoal: %s is %.2f µs over NCCL's own call (%.0f vs %.0f ns; goal <= %.0f µs): %s\n", hcGoalMode, d/1e3, g.wall, raw.wall, hcGoalNs/1e3, verdict)
+	}
+	return sb.String()
+}
