@@ -63,7 +63,7 @@ func parseOverlapFlags(args []string, out io.Writer) (*overlapFlags, error) {
 	fs.BoolVar(&f.highPriority, "high-priority", false, "run NCCL's internal stream at the device's greatest priority (TORCH_NCCL_HIGH_PRIORITY=1): freed SMs go to the allreduce's blocks first")
 	fs.IntVar(&f.minCTAs, "min-ctas", 0, "NCCL minCTAs in the communicator's config (NCCL_MIN_CTAS); 0 is NCCL's choice")
 	fs.IntVar(&f.maxCTAs, "max-ctas", 0, "NCCL maxCTAs in the communicator's config (NCCL_MAX_CTAS): fewer blocks for the allreduce leaves more SMs to the GEMM; 0 is NCCL's choice")
-	fs.StringVar(&f.traceDir, "trace", "", "write DIR/overlap_<killer>_rank<r>.json, a Chrome trace (Perfetto, chrome://tracing) of three both-iterations: the current stream's GEMM, the internal stream's allreduce (intervals from events) and the host's calls")
+	fs.StringVar(&f.traceDir, "trace", "", "write DIR/overlap_<killer>_rank<r>.json, a Chrome trace (Perfetto, chrome://tracing) of four both-iterations: the current stream's GEMM, the internal stream's allreduce (intervals from events) and the host's calls")
 	fs.BoolVar(&f.child, "rank-child", false, "internal: this process is one rank started by the launcher")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: conftest bench overlap [flags]
@@ -76,9 +76,13 @@ each rank prints gemm_ms (the GEMM alone), ar_ms (the allreduce alone, sync
 mode), both_ms (allreduce issued async, the killer, the GEMM, Wait), each the
 median of --iters event-timed iterations with no synchronisation inside a
 series, and overlap = (gemm + ar - both) / min(gemm, ar): 1 is full overlap,
-0 serial, below 0 worse than serial. With one rank NCCL's allreduce is a
-local copy (or nothing, in place), so ar_ms is tiny and the overlap figure
-means little: read both_ms against gemm_ms, and the trace's order.
+0 serial, below 0 worse than serial. Then four traced iterations give
+order (whether the first GEMM and allreduce intersected on the GPU) and gap
+(the median idle time of the current stream between one GEMM's end and the
+next one's start: the host stall a killer causes shows up there). With one
+rank NCCL's allreduce is a local copy (or nothing, in place), so ar_ms is
+tiny and the overlap figure means little: read both_ms against gemm_ms, and
+gap.
 
 Killers (between the allreduce's issue and the GEMM's):
 `)
@@ -227,6 +231,19 @@ func (t *traceFile) marshal() ([]byte, error) {
 		return nil, fmt.Errorf("trace of rank %d: %w", t.rank, err)
 	}
 	return json.MarshalIndent(ct, "", " ")
+}
+
+// traceIters is how many both-iterations a trace holds.
+const traceIters = 4
+
+// gemmGaps returns the idle time between each GEMM's end and the next
+// one's start, from [start, end] intervals in issue order.
+func gemmGaps(gemms [][2]float64) []float64 {
+	var out []float64
+	for i := 1; i < len(gemms); i++ {
+		out = append(out, gemms[i][0]-gemms[i-1][1])
+	}
+	return out
 }
 
 // overlapOrder says how the GEMM and the allreduce of one traced iteration

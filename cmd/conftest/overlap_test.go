@@ -192,3 +192,13 @@ func TestHostCostTable(t *testing.T) {
 		t.Errorf("a 2.85 µs excess is not a miss:\n%s", out)
 	}
 }
+
+func TestGemmGaps(t *testing.T) {
+	got := gemmGaps([][2]float64{{0, 10}, {12, 20}, {20, 30}, {5030, 6000}})
+	if !slices.Equal(got, []float64{2, 0, 5000}) {
+		t.Errorf("gemmGaps = %v", got)
+	}
+	if g := gemmGaps([][2]float64{{0, 1}}); len(g) != 0 {
+		t.Errorf("one GEMM has gaps %v", g)
+	}
+}
