@@ -49,7 +49,8 @@ func (i OpInfo) ProfilingName() string {
 // op is numbered, before the backend is called; Post runs after the backend
 // returned, with its Work (nil on error). Hooks run on the issuing
 // goroutine, so they must be quick; to act on completion, use
-// w.Future().Then. Inputs and Outputs are filled only while hooks are set.
+// w.Future().Then. Inputs and Outputs are filled only while hooks are set;
+// they may be the caller's own slices, so hooks must not change them.
 type Hooks struct {
 	Pre  func(ctx context.Context, info OpInfo)
 	Post func(ctx context.Context, info OpInfo, w backend.Work, err error)

@@ -70,6 +70,11 @@ type FlightRecorder struct {
 	runID   string      // the job: Config.RunID and the default group's uid
 	pgUID   string
 
+	// refreshMu serialises refresh (the poll goroutine's and Snapshot's),
+	// which owns polls between its two holds of mu.
+	refreshMu sync.Mutex
+	polls     []frPoll
+
 	stop chan struct{}
 	done sync.WaitGroup
 }
@@ -77,6 +82,33 @@ type FlightRecorder struct {
 type frEntry struct {
 	e    frtrace.Entry
 	work backend.Work // nil once retired
+	// name is what e.ProfilingName is made of, at a snapshot: building the
+	// string per op would allocate on the issue path.
+	name opName
+}
+
+// opName is the parts of an op's profiling name (OpInfo.ProfilingName).
+type opName struct {
+	op         backend.Op
+	backend    string
+	rank, peer int
+}
+
+func (n opName) String() string {
+	return OpInfo{Op: n.op, Backend: n.backend, Rank: n.rank, Peer: n.peer}.ProfilingName()
+}
+
+// frPoll is one pending entry's state, queried outside fr.mu by refresh.
+type frPoll struct {
+	slot      int
+	id        uint64
+	work      backend.Work
+	sched     bool // scheduled when collected: IsStarted is asked
+	started   bool
+	completed bool
+	dur       time.Duration
+	durErr    error
+	err       error
 }
 
 func newFlightRecorder(opts FlightRecorderOptions, rank, size int) (*FlightRecorder, error) {
@@ -120,7 +152,7 @@ func (fr *FlightRecorder) attach(pg *ProcessGroup) {
 func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Work, err error) {
 	e := frtrace.Entry{
 		PGID: info.Group, ProcessGroup: [2]string{info.Group, info.GroupDesc},
-		P2PSeqID: info.P2PSeq, ProfilingName: info.ProfilingName(),
+		P2PSeqID: info.P2PSeq,
 		TimeCreatedNs: info.Issued.UnixNano(), State: frtrace.StateScheduled,
 		TimeoutMs: info.Timeout.Milliseconds(), IsP2P: info.Op.Info().Kind == backend.P2P,
 		ThreadName: "dispatcher",
@@ -159,6 +191,7 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 		e.Retired, e.Captured, w = true, true, nil
 	}
 	slot.e, slot.work = e, w
+	slot.name = opName{op: info.Op, backend: info.Backend, rank: info.Rank, peer: info.Peer}
 	if w != nil {
 		fr.pending++
 	}
@@ -205,40 +238,64 @@ func cloneEntry(e frtrace.Entry) frtrace.Entry {
 }
 
 // refresh retires completed works and notes started ones. It returns the
-// first error a retired work failed with.
+// first error a retired work failed with. The works are queried outside
+// fr.mu: a query is a cgo call (an event query, for nccl), and a ring of
+// thousands of pending ops would otherwise hold up every op's record for
+// as long as the sweep takes.
 func (fr *FlightRecorder) refresh() error {
+	fr.refreshMu.Lock()
+	defer fr.refreshMu.Unlock()
+	fr.mu.Lock()
+	polls := fr.polls[:0]
+	for i := range fr.ring {
+		fe := &fr.ring[i]
+		if fe.work != nil {
+			polls = append(polls, frPoll{slot: i, id: fe.e.RecordID, work: fe.work, sched: fe.e.State == frtrace.StateScheduled})
+		}
+	}
+	fr.mu.Unlock()
+	for k := range polls {
+		p := &polls[k]
+		if p.sched {
+			ok, err := p.work.IsStarted()
+			p.started = err == nil && ok
+		}
+		if p.completed = p.work.IsCompleted(); p.completed {
+			p.dur, p.durErr = p.work.Duration()
+			p.err = p.work.Exception()
+		}
+	}
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
 	var firstErr error
 	now := time.Now().UnixNano()
-	for i := range fr.ring {
-		fe := &fr.ring[i]
-		if fe.work == nil {
-			continue
+	for k := range polls {
+		p := &polls[k]
+		fe := &fr.ring[p.slot]
+		if fe.work != p.work || fe.e.RecordID != p.id {
+			continue // overwritten by a newer op meanwhile
 		}
-		if fe.e.State == frtrace.StateScheduled {
-			if ok, err := fe.work.IsStarted(); err == nil && ok {
-				fe.e.State, fe.e.TimeStartedNs = frtrace.StateStarted, now
-				if st := fr.status[fe.e.PGID]; st != nil && !fe.e.IsP2P && int64(fe.e.CollectiveSeqID) > st.LastStarted {
-					st.LastStarted = int64(fe.e.CollectiveSeqID)
-				}
+		if p.started && fe.e.State == frtrace.StateScheduled {
+			fe.e.State, fe.e.TimeStartedNs = frtrace.StateStarted, now
+			if st := fr.status[fe.e.PGID]; st != nil && !fe.e.IsP2P && int64(fe.e.CollectiveSeqID) > st.LastStarted {
+				st.LastStarted = int64(fe.e.CollectiveSeqID)
 			}
 		}
-		if !fe.work.IsCompleted() {
+		if !p.completed {
 			continue
 		}
 		fe.e.State, fe.e.TimeCompletedNs, fe.e.Retired = frtrace.StateCompleted, now, true
 		if fe.e.TimeStartedNs == 0 {
 			fe.e.TimeStartedNs = now
 		}
-		if d, err := fe.work.Duration(); err == nil {
-			ms := float64(d) / float64(time.Millisecond)
+		if p.durErr == nil {
+			ms := float64(p.dur) / float64(time.Millisecond)
 			fe.e.DurationMs = &ms
 		}
-		if err := fe.work.Exception(); err != nil {
-			fe.e.Error = err.Error()
+		if p.err != nil {
+			fe.e.Error = p.err.Error()
 			if firstErr == nil {
-				firstErr = err
+				firstErr = p.err
 			}
 		}
 		if st := fr.status[fe.e.PGID]; st != nil && !fe.e.IsP2P && int64(fe.e.CollectiveSeqID) > st.LastCompleted {
@@ -247,6 +304,8 @@ func (fr *FlightRecorder) refresh() error {
 		fe.work = nil
 		fr.pending--
 	}
+	clear(polls) // drop the works, so that the scratch keeps none alive
+	fr.polls = polls[:0]
 	return firstErr
 }
 
@@ -377,7 +436,10 @@ func (fr *FlightRecorder) Snapshot(reason string) frtrace.Dump {
 		start = int(fr.nextID % uint64(n))
 	}
 	for i := range n {
-		d.Entries = append(d.Entries, cloneEntry(fr.ring[(start+i)%n].e))
+		fe := &fr.ring[(start+i)%n]
+		e := cloneEntry(fe.e)
+		e.ProfilingName = fe.name.String()
+		d.Entries = append(d.Entries, e)
 	}
 	return d
 }

@@ -195,6 +195,13 @@ type comm struct {
 	mu      sync.Mutex // serialises issue on this communicator and guards the pools
 	free    []*cuda.Event
 	freeT   []*cuda.Event
+	// retMu guards returned, where completed works hand their events
+	// back. It is not mu, which an issue holds across its cgo call: the
+	// watchdog retiring works would wait on (and spin for) every issue,
+	// and each issue's unlock would wake it. event takes the returned
+	// events back in bulk, under mu, when its pool runs dry.
+	retMu    sync.Mutex
+	returned []*cuda.Event
 	scratch *cuda.Buffer // one element for barrier
 
 	aborted atomic.Bool
@@ -210,8 +217,11 @@ func (c *comm) event(timing bool) (*cuda.Event, error) {
 		pool = &c.freeT
 	}
 	if len(*pool) == 0 {
-		// The watchdog refills the pool as ops complete; until then, make
-		// events in batches, one cgo crossing per batch.
+		c.reclaim()
+	}
+	if len(*pool) == 0 {
+		// Nothing returned yet (the watchdog returns events as it retires
+		// works): make events in batches, one cgo crossing per batch.
 		evs, err := c.dev.NewEvents(64, timing)
 		if err != nil {
 			return nil, err
@@ -224,16 +234,31 @@ func (c *comm) event(timing bool) (*cuda.Event, error) {
 	return e, nil
 }
 
-// putEvent returns an event to the pool; the caller holds c.mu.
-func (c *comm) putEvent(e *cuda.Event) {
-	if e == nil {
-		return
+// reclaim moves the returned events into the pools; the caller holds c.mu.
+func (c *comm) reclaim() {
+	c.retMu.Lock()
+	for _, e := range c.returned {
+		if e.Timing() {
+			c.freeT = append(c.freeT, e)
+		} else {
+			c.free = append(c.free, e)
+		}
 	}
-	if e.Timing() {
-		c.freeT = append(c.freeT, e)
-	} else {
-		c.free = append(c.free, e)
+	clear(c.returned)
+	c.returned = c.returned[:0]
+	c.retMu.Unlock()
+}
+
+// putEvents returns events (nil ones skipped) to the communicator. It
+// needs no lock held: it takes retMu only.
+func (c *comm) putEvents(es ...*cuda.Event) {
+	c.retMu.Lock()
+	for _, e := range es {
+		if e != nil {
+			c.returned = append(c.returned, e)
+		}
 	}
+	c.retMu.Unlock()
 }
 
 // asyncError polls ncclCommGetAsyncError.
@@ -649,6 +674,7 @@ func (b *Backend) Close(ctx context.Context) error {
 			c.scratch.Free()
 		}
 		c.syncEv.Destroy()
+		c.reclaim()
 		for _, e := range append(c.free, c.freeT...) {
 			e.Destroy()
 		}

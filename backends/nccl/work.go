@@ -103,12 +103,18 @@ func (w *Work) takeStash() []cuda.Retainer {
 	if w.nstash == 0 && len(w.more) == 0 {
 		return nil
 	}
-	out := make([]cuda.Retainer, 0, w.nstash+len(w.more))
-	out = append(out, w.stash[:w.nstash]...)
-	out = append(out, w.more...)
-	clear(w.stash[:])
+	return w.appendStash(make([]cuda.Retainer, 0, w.nstash+len(w.more)))
+}
+
+// appendStash removes the stash, appending it to dst: Wait passes an
+// array on its stack, so that the common case (up to four tensors)
+// releases without allocating. w.mu is held.
+func (w *Work) appendStash(dst []cuda.Retainer) []cuda.Retainer {
+	dst = append(dst, w.stash[:w.nstash]...)
+	dst = append(dst, w.more...)
+	clear(w.stash[:w.nstash])
 	w.nstash, w.more = 0, nil
-	return out
+	return dst
 }
 
 // releaseStash releases the stash now (after a stream wait, as
@@ -165,10 +171,7 @@ func (w *Work) recycleLocked() {
 	if w.end == nil {
 		return
 	}
-	w.c.mu.Lock()
-	w.c.putEvent(w.end)
-	w.c.putEvent(w.start)
-	w.c.mu.Unlock()
+	w.c.putEvents(w.end, w.start)
 	w.end, w.start = nil, nil
 }
 
@@ -207,7 +210,8 @@ func (w *Work) Wait(ctx context.Context) error {
 				}
 			}
 		}
-		rel := w.takeStash()
+		var buf [len(w.stash)]cuda.Retainer
+		rel := w.appendStash(buf[:0])
 		w.mu.Unlock()
 		for _, r := range rel {
 			r.Release()
