@@ -202,6 +202,11 @@ type comm struct {
 	// events back in bulk, under mu, when its pool runs dry.
 	retMu    sync.Mutex
 	returned []*cuda.Event
+	// launches numbers the works launched on this communicator, under mu:
+	// on one stream, a work with a lower number runs before one with a
+	// higher, which is what lets the watchdog retire a stream's works up
+	// to its newest completed one with a single query.
+	launches uint64
 	scratch *cuda.Buffer // one element for barrier
 
 	aborted atomic.Bool

@@ -165,6 +165,8 @@ func (b *Backend) launchOne(ctx context.Context, c *comm, w *Work, cur *cuda.Str
 	}
 	w.end = end
 	w.enq = time.Now()
+	c.launches++
+	w.lseq = c.launches
 	r := C.gn_issue(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(w.stream.Handle()), C.uintptr_t(cur.Handle()),
 		C.uintptr_t(syncEv), C.uintptr_t(eventHandle(w.start)), C.uintptr_t(end.Handle()), k.kind,
 		C.uintptr_t(k.send), C.uintptr_t(k.recv), C.size_t(k.count), k.dt, k.op, C.uint64_t(k.scalar), C.int(k.root))
@@ -204,6 +206,8 @@ func (b *Backend) launchGroup(ctx context.Context, c *comm, w *Work, cur *cuda.S
 		}
 	}
 	w.enq = time.Now()
+	c.launches++
+	w.lseq = c.launches
 	nstream := C.uintptr_t(w.stream.Handle())
 	r := C.gn_pre(C.uintptr_t(c.ctx), nstream, C.uintptr_t(cur.Handle()), C.uintptr_t(syncEv), C.uintptr_t(eventHandle(w.start)))
 	captured := r&C.GN_CAPTURING != 0

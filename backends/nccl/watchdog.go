@@ -100,6 +100,14 @@ func (b *Backend) watchdog() {
 	// (thousands when a loop issues faster than the GPU drains, and each
 	// query contends with the issuing thread for the driver).
 	busy := map[uintptr]bool{}
+	// The newest pending work of each communicator and stream, and the
+	// launch number up to which that stream is known done. When a loop
+	// issues faster than the watchdog's period and the GPU keeps up, every
+	// pending work is complete at each round: querying the newest one
+	// retires all of them, where one query per work (thousands per round)
+	// would contend with the issuing thread for the driver's locks.
+	newest := map[laneKey]*Work{}
+	doneTo := map[laneKey]uint64{}
 	for {
 		select {
 		case <-b.stop:
@@ -124,7 +132,27 @@ func (b *Backend) watchdog() {
 		}
 		freed = freed[:0]
 		clear(busy)
+		clear(newest)
+		clear(doneTo)
 		for _, w := range scratch {
+			k := laneKey{w.c, w.stream.Handle()}
+			if n := newest[k]; n == nil || w.lseq > n.lseq {
+				newest[k] = w
+			}
+		}
+		for k, n := range newest {
+			if n.poll() && n.done.Load() {
+				doneTo[k] = n.lseq
+			}
+		}
+		for _, w := range scratch {
+			if up, ok := doneTo[laneKey{w.c, w.stream.Handle()}]; ok && w.lseq <= up {
+				freed = append(freed, w)
+				if w != newest[laneKey{w.c, w.stream.Handle()}] {
+					w.completeInOrder()
+				}
+				continue
+			}
 			if h := w.stream.Handle(); !busy[h] {
 				if w.poll() {
 					freed = append(freed, w)
@@ -152,6 +180,13 @@ func (b *Backend) watchdog() {
 		clear(scratch)
 		clear(freed)
 	}
+}
+
+// laneKey is one communicator's launches on one stream: their launch
+// numbers follow their order on the stream.
+type laneKey struct {
+	c      *comm
+	stream uintptr
 }
 
 // retireLocked tells the unit which works have finished. b.mu is held.

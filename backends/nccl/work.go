@@ -37,6 +37,7 @@ type Work struct {
 	async   bool         // ran on the internal stream; Wait orders the current stream
 	barrier bool         // Wait also blocks the host on the current stream
 	stream  *cuda.Stream // the stream the kernel is on
+	lseq    uint64       // its number among c's launches (comm.launches)
 	outputs []*tensor.Tensor
 
 	// captured: the op was captured into a CUDA graph, not run. Set before
@@ -149,6 +150,18 @@ func (w *Work) poll() bool {
 		return false
 	}
 	w.completeLocked()
+	return true
+}
+
+// completeInOrder marks w completed without a query, because a work
+// launched after it on its stream has been seen completed. It reports
+// whether w is finished (it may have failed meanwhile, which stands).
+func (w *Work) completeInOrder() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.finished.Load() {
+		w.completeLocked()
+	}
 	return true
 }
 
