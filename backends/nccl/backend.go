@@ -192,9 +192,9 @@ type comm struct {
 	syncEv *cuda.Event
 	name   *C.char // commName: NCCL keeps the pointer, so it lives as long as the comm
 
-	mu      sync.Mutex // serialises issue on this communicator and guards the pools
-	free    []*cuda.Event
-	freeT   []*cuda.Event
+	mu    sync.Mutex // serialises issue on this communicator and guards the pools
+	free  []*cuda.Event
+	freeT []*cuda.Event
 	// retMu guards returned, where completed works hand their events
 	// back. It is not mu, which an issue holds across its cgo call: the
 	// watchdog retiring works would wait on (and spin for) every issue,
@@ -207,7 +207,7 @@ type comm struct {
 	// higher, which is what lets the watchdog retire a stream's works up
 	// to its newest completed one with a single query.
 	launches uint64
-	scratch *cuda.Buffer // one element for barrier
+	scratch  *cuda.Buffer // one element for barrier
 
 	aborted atomic.Bool
 	asyncMu sync.Mutex // ncclCommGetAsyncError is not safe from two threads at once

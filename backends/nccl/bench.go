@@ -47,3 +47,37 @@ func (b *Backend) RawAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.St
 	}
 	return b.rawAllreduce(ctx, t, s, iters)
 }
+
+// FloorAllreduce is the CUDA floor of the backend's async allreduce +
+// Wait, the second peer of `conftest bench hostcost`: iters calls from a C
+// loop, each making the driver calls that launch and Wait make (context
+// check, sync event record on s, the internal stream's wait on it, the
+// capture query, ncclAllReduce on the internal stream, the end event's
+// record, s's wait on it) on t in place, with events of the communicator's
+// own. What the backend costs above it is Go's.
+func (b *Backend) FloorAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) (time.Duration, error) {
+	if iters < 1 {
+		return 0, fmt.Errorf("nccl: FloorAllreduce of %d calls", iters)
+	}
+	c, err := b.getComm(ctx, t.Device().Index)
+	if err != nil {
+		return 0, err
+	}
+	dt, err := ncclType(t.DType())
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	end, err := c.event(false)
+	if err != nil {
+		return 0, err
+	}
+	defer c.putEvents(end)
+	ns := C.gn_bench_floor(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(c.stream.Handle()), C.uintptr_t(s.Handle()),
+		C.uintptr_t(c.syncEv.Handle()), C.uintptr_t(end.Handle()), C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters))
+	if ns < 0 {
+		return 0, fmt.Errorf("nccl: floor allreduce failed (%d): %s", ns, C.GoString(C.gn_last_error()))
+	}
+	return time.Duration(ns), nil
+}

@@ -278,3 +278,22 @@ long long gn_bench_raw(uintptr_t ctx, uintptr_t comm, uintptr_t s, uintptr_t buf
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	return (long long)(b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
 }
+
+long long gn_bench_floor(uintptr_t ctx, uintptr_t comm, uintptr_t nstream, uintptr_t cur, uintptr_t syncEv, uintptr_t endEv,
+                         uintptr_t buf, size_t count, int dt, int iters) {
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	for (int i = 0; i < iters; i++) {
+		if (gn_make_current(ctx)) return -1;
+		if (c_eventRecord((CUevent)syncEv, (CUstream)cur)) return -3;
+		if (c_streamWaitEvent((CUstream)nstream, (CUevent)syncEv, 0)) return -3;
+		int st = 0;
+		if (c_streamIsCapturing((CUstream)cur, &st)) return -3;
+		if (p_ncclAllReduce((void *)buf, (void *)buf, count, dt, 0, (ncclComm_t)comm, (CUstream)nstream)) return -2;
+		if (c_eventRecord((CUevent)endEv, (CUstream)nstream)) return -3;
+		if (gn_make_current(ctx)) return -1;
+		if (c_streamWaitEvent((CUstream)cur, (CUevent)endEv, 0)) return -3;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	return (long long)(b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
+}

@@ -96,4 +96,11 @@ int gn_issue(uintptr_t ctx, uintptr_t comm, uintptr_t nstream, uintptr_t cur, ui
 
 int gn_issue_nosync(uintptr_t comm, uintptr_t nstream, int kind, uintptr_t send, uintptr_t recv, size_t count, int dt, int op, uint64_t scalar, int root);
 long long gn_bench_raw(uintptr_t ctx, uintptr_t comm, uintptr_t s, uintptr_t buf, size_t count, int dt, int iters);
+// gn_bench_floor is the CUDA floor of one async allreduce + Wait as the
+// backend issues it, from C: per call the context check, the sync event's
+// record on cur and the internal stream's wait on it, the capture query,
+// ncclAllReduce on the internal stream, the end event's record there, and
+// Wait's wait of cur on it. It returns the host nanoseconds of iters calls.
+long long gn_bench_floor(uintptr_t ctx, uintptr_t comm, uintptr_t nstream, uintptr_t cur, uintptr_t syncEv, uintptr_t endEv,
+                         uintptr_t buf, size_t count, int dt, int iters);
 #endif

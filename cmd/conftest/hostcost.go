@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/backends/cpupool"
@@ -53,9 +54,11 @@ func parseHostCostFlags(args []string) (*hcFlags, error) {
 		fmt.Fprint(fs.Output(), `usage: conftest bench hostcost [flags]
 
 Host cost per op call, world 1, a 1-element float32 SUM allreduce: the wall
-time and the issuing thread's CPU time (RUSAGE_THREAD, the goroutine locked to
-its thread) per call, in batches of --batch, for each layer and mode:
+time and the issuing thread's CPU time (CLOCK_THREAD_CPUTIME_ID, the goroutine locked
+to its thread) per call, in batches of --batch, for each layer and mode:
   nccl raw          ncclAllReduce called from a C loop (NCCL's own call, no events)
+  nccl + CUDA calls the driver calls of an async allreduce + Wait, from a C loop:
+                    the floor of the backend's design (nccl.Backend.FloorAllreduce)
   backend ...       the backend's Allreduce called directly
   dispatcher ...    ProcessGroup.Allreduce, flight recorder on (the default) or off
   sync              nccl: on the current stream (Wait is a no-op); host backends: the op, then Wait
@@ -112,13 +115,17 @@ type hcSample struct {
 	CPUNs  float64 `json:"cpu_ns_per_call"`
 }
 
-// threadCPU is the calling thread's CPU time.
+// threadCPU is the calling thread's CPU time, from
+// clock_gettime(CLOCK_THREAD_CPUTIME_ID): exact, where getrusage's
+// RUSAGE_THREAD figures are split at scheduler ticks and read 0 for a
+// batch shorter than a tick.
 func threadCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(1 /* RUSAGE_THREAD */, &ru); err != nil {
+	var ts syscall.Timespec
+	const clockThreadCPUTime = 3 // CLOCK_THREAD_CPUTIME_ID
+	if _, _, e := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clockThreadCPUTime, uintptr(unsafe.Pointer(&ts)), 0); e != 0 {
 		return 0
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ts.Nano())
 }
 
 // measure runs m for ops calls in batches and returns the wall and thread
@@ -374,6 +381,12 @@ func hostCostModes(ctx context.Context, f *hcFlags) ([]hcMode, string, func(), e
 		modes = append(modes, hcMode{name: "nccl raw", self: &self, settle: drain, run: func(n int) error {
 			d, err := nb.RawAllreduce(opctx, x, cur, n)
 			self = d
+			return err
+		}})
+		var fself time.Duration
+		modes = append(modes, hcMode{name: hcFloorMode, self: &fself, settle: drain, run: func(n int) error {
+			d, err := nb.FloorAllreduce(opctx, x, cur, n)
+			fself = d
 			return err
 		}})
 		add("backend sync", loop(be(backend.AllreduceOptions{}), false, false))
