@@ -152,7 +152,7 @@ func (fr *FlightRecorder) attach(pg *ProcessGroup) {
 func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Work, err error) {
 	e := frtrace.Entry{
 		PGID: info.Group, ProcessGroup: [2]string{info.Group, info.GroupDesc},
-		P2PSeqID: info.P2PSeq,
+		P2PSeqID:      info.P2PSeq,
 		TimeCreatedNs: info.Issued.UnixNano(), State: frtrace.StateScheduled,
 		TimeoutMs: info.Timeout.Milliseconds(), IsP2P: info.Op.Info().Kind == backend.P2P,
 		ThreadName: "dispatcher",
