@@ -24,17 +24,21 @@ type GPUReading struct {
 	// ECCCorrected and ECCUncorrected are the volatile ECC error counts
 	// (since the driver loaded).
 	ECCCorrected, ECCUncorrected int64
-	// XIDs is the number of XID events seen since the process started
-	// listening.
-	XIDs int64
+	// XIDs is the number of XID events the NVML layer holds for the GPU
+	// since the process started listening (it keeps the last 256 of the
+	// process), LastXID the code of the latest (0: none).
+	XIDs    int64
+	LastXID uint64
+	// Stale: NVML did not answer within the bound and the values are its
+	// last complete read (or none).
+	Stale bool
 	// Throttle names the current clock event (throttle) reasons.
 	Throttle []string
 }
 
 // GPUSource reads the GPUs of this process's groups; ctx bounds it. The
-// NVML layer (internal/gpuinfo's Snapshots) is the source: it is given
-// here through RegisterGPUSource rather than imported, so that this
-// package does not depend on NVML's cgo.
+// default is the NVML layer's (internal/gpuinfo.Snapshots: the GPUs the
+// process's nccl groups run on); RegisterGPUSource replaces it.
 type GPUSource func(ctx context.Context) ([]GPUReading, error)
 
 var gpuSource struct {
@@ -43,8 +47,8 @@ var gpuSource struct {
 }
 
 // RegisterGPUSource sets the source of the gocoll_gpu_* series, read at
-// each scrape within Options.GPUTimeout; nil removes it. Without one, no
-// GPU series is exported.
+// each scrape within Options.GPUTimeout; nil removes it (then no GPU
+// series is exported).
 func RegisterGPUSource(src GPUSource) {
 	gpuSource.mu.Lock()
 	gpuSource.src = src
@@ -63,18 +67,20 @@ var (
 	descGPUPower    = prometheus.NewDesc("gocoll_gpu_power_watts", "Board power draw.", gpuLabels, nil)
 	descGPUECC      = prometheus.NewDesc("gocoll_gpu_ecc_errors", "Volatile ECC error counts, by type (corrected, uncorrected).",
 		append(gpuLabels, "type"), nil)
-	descGPUXIDs     = prometheus.NewDesc("gocoll_gpu_xid_events_total", "XID events seen since the process started listening.", gpuLabels, nil)
+	descGPUXIDs     = prometheus.NewDesc("gocoll_gpu_xid_events", "XID events the NVML layer holds for the GPU (since the process started listening; the last 256 of the process).", gpuLabels, nil)
+	descGPULastXID  = prometheus.NewDesc("gocoll_gpu_last_xid", "Code of the GPU's latest XID event; 0 when there was none.", gpuLabels, nil)
+	descGPUStale    = prometheus.NewDesc("gocoll_gpu_reading_stale", "1 when NVML did not answer within the bound and the values are its last complete read.", gpuLabels, nil)
 	descGPULost     = prometheus.NewDesc("gocoll_gpu_lost", "1 when NVML says the GPU is lost (off the bus).", gpuLabels, nil)
 	descGPUThrottle = prometheus.NewDesc("gocoll_gpu_throttle", "1 for each current clock event (throttle) reason.",
 		append(gpuLabels, "reason"), nil)
 	gpuDescs = []*prometheus.Desc{descGPUUtil, descGPUMemUtil, descGPUMemUsed, descGPUMemTotal, descGPUTemp,
-		descGPUPower, descGPUECC, descGPUXIDs, descGPULost, descGPUThrottle}
+		descGPUPower, descGPUECC, descGPUXIDs, descGPULastXID, descGPUStale, descGPULost, descGPUThrottle}
 )
 
 // collectGPUs sends the registered source's readings. A source that fails
-// (NVML absent, a call that hung past ctx) costs one log line per scrape
-// at debug level, and no series: absence is the signal.
-func collectGPUs(ctx context.Context, log *slog.Logger, ch chan<- prometheus.Metric) {
+// (NVML absent, a call that hung past ctx) exports no series, absence
+// being the signal, and says why once per Exporter (then at debug level).
+func collectGPUs(ctx context.Context, log *slog.Logger, once *sync.Once, ch chan<- prometheus.Metric) {
 	gpuSource.mu.Lock()
 	src := gpuSource.src
 	gpuSource.mu.Unlock()
@@ -83,7 +89,9 @@ func collectGPUs(ctx context.Context, log *slog.Logger, ch chan<- prometheus.Met
 	}
 	rs, err := src(ctx)
 	if err != nil {
-		log.Debug("gocoll metrics: no GPU gauges", "err", err)
+		level := slog.LevelDebug
+		once.Do(func() { level = slog.LevelInfo })
+		log.Log(ctx, level, "gocoll metrics: no GPU gauges", "err", err)
 		return
 	}
 	for _, r := range rs {
@@ -96,8 +104,14 @@ func collectGPUs(ctx context.Context, log *slog.Logger, ch chan<- prometheus.Met
 			lost = 1
 		}
 		gauge(descGPULost, lost)
+		stale := 0.0
+		if r.Stale {
+			stale = 1
+		}
+		gauge(descGPUStale, stale)
 		if r.XIDs >= 0 {
-			ch <- prometheus.MustNewConstMetric(descGPUXIDs, prometheus.CounterValue, float64(r.XIDs), l...)
+			gauge(descGPUXIDs, float64(r.XIDs))
+			gauge(descGPULastXID, float64(r.LastXID))
 		}
 		if r.Lost {
 			continue

@@ -28,7 +28,7 @@
 //	gocoll_store_server_request_duration_seconds{op}                TCPStore server requests (this process hosts the store) and their handling time
 //	gocoll_store_server_connections                                 its open connections
 //	gocoll_store_server_sending_bytes                               reply bytes it is writing to clients that have not taken them
-//	gocoll_gpu_*{gpu,uuid}                                          GPU gauges, when a GPU source is registered (RegisterGPUSource)
+//	gocoll_gpu_*{gpu,uuid}                                          NVML's gauges of the GPUs the process's groups use (GPUSource)
 //
 // What an op's duration measures: from the dispatcher numbering it to the
 // moment this package sees its Work complete. A host backend's Work
@@ -114,6 +114,7 @@ type Exporter struct {
 	stop       chan struct{} // closed by Close: every follower ends
 	wg         sync.WaitGroup
 	beats      beatTracker
+	gpuOnce    sync.Once // the GPU source's failure is logged once at info level
 }
 
 var _ dispatcher.Metrics = (*Exporter)(nil)
@@ -327,7 +328,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.opts.GPUTimeout)
 	defer cancel()
-	collectGPUs(ctx, e.opts.Logger, ch)
+	collectGPUs(ctx, e.opts.Logger, &e.gpuOnce, ch)
 }
 
 // beatTracker remembers when each watchdog counter last moved.

@@ -256,7 +256,7 @@ func (r *records) Enabled(context.Context, slog.Level) bool { return true }
 func (r *records) WithAttrs([]slog.Attr) slog.Handler       { return r }
 func (r *records) WithGroup(string) slog.Handler            { return r }
 func (r *records) Handle(_ context.Context, rec slog.Record) error {
-	m := map[string]string{"msg": rec.Message}
+	m := map[string]string{"msg": rec.Message, "level": rec.Level.String()}
 	rec.Attrs(func(a slog.Attr) bool {
 		m[a.Key] = a.Value.String()
 		return true
@@ -413,7 +413,7 @@ func TestBadAddr(t *testing.T) {
 // A source's readings become gocoll_gpu_*; a source that hangs (NVML on a
 // sick GPU) is cut off at Options.GPUTimeout.
 func TestGPUSource(t *testing.T) {
-	defer metrics.RegisterGPUSource(nil)
+	defer metrics.RegisterGPUSource(metrics.NVMLSource)
 	pgs, exps := initRanks(t, 1, dispatcher.Config{})
 	_ = pgs
 	metrics.RegisterGPUSource(func(ctx context.Context) ([]metrics.GPUReading, error) {
@@ -423,7 +423,7 @@ func TestGPUSource(t *testing.T) {
 	fams := scrape(t, exps[0].Handler())
 	gpu := map[string]string{"rank": "0", "gpu": "0", "uuid": "GPU-x"}
 	for name, want := range map[string]float64{"gocoll_gpu_utilization_percent": 42, "gocoll_gpu_memory_used_bytes": 1 << 30,
-		"gocoll_gpu_power_watts": 71.5, "gocoll_gpu_xid_events_total": 2, "gocoll_gpu_lost": 0} {
+		"gocoll_gpu_power_watts": 71.5, "gocoll_gpu_xid_events": 2, "gocoll_gpu_lost": 0} {
 		if v, ok := value(fams, name, gpu); !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
 		}
@@ -449,5 +449,36 @@ func TestGPUSource(t *testing.T) {
 	fams = scrape(t, e.Handler())
 	if _, ok := fams["gocoll_gpu_utilization_percent"]; ok {
 		t.Error("GPU series from a source that failed")
+	}
+}
+
+// Without NVML (CI, this machine: no libnvidia-ml), the default source
+// exports no GPU series and says why in one line at info level; later
+// scrapes say it at debug level only.
+func TestNoNVML(t *testing.T) {
+	if _, err := metrics.NVMLSource(context.Background()); err == nil {
+		t.Skip("NVML is available here")
+	}
+	logs := captureLogs(t)
+	e := metrics.New(metrics.Options{Logger: slog.New(logs)})
+	if err := e.Start(dispatcher.MetricsProcess{Rank: 0}); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for range 3 {
+		for name := range scrape(t, e.Handler()) {
+			if strings.HasPrefix(name, "gocoll_gpu_") {
+				t.Errorf("GPU series %s without NVML", name)
+			}
+		}
+	}
+	n := 0
+	for _, r := range logs.all() {
+		if r["msg"] == "gocoll metrics: no GPU gauges" && r["level"] == "INFO" && strings.Contains(r["err"], "NVML unavailable") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d info lines about the missing NVML, want 1: %v", n, logs.all())
 	}
 }
