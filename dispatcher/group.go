@@ -109,24 +109,25 @@ type Config struct {
 // are safe for concurrent use, but, as in every collective library, the
 // ranks must issue the same collectives in the same order.
 type ProcessGroup struct {
-	rank, size  int   // in this group; rank is -1 on a non-member
-	globalRank  int   // this process's rank in the default group
-	ranks       []int // global rank of each group rank
-	name, desc  string
-	store       store.Store // prefixed for this group
-	ownedStore  store.Store // the store InitFromEnv made; closed with the group
-	timeout     time.Duration
-	cfg         Config
-	root        *ProcessGroup   // the default group; itself for the default group
-	recorder    *FlightRecorder // shared by every group of the process; nil when off
-	pubMu       sync.Mutex      // guards published
-	published   progress        // last progress written to the store
-	groups      []*ProcessGroup // on the default group: every group this process is a member of
-	stopPub     chan struct{}   // on the default group: stops the progress publisher
-	monitor     *monitor        // on the default group: the heartbeat monitor; nil when off
-	metricsRoot Metrics         // on the default group: the process's metrics; nil when off
-	metrics     GroupMetrics    // this group's; nil when metrics are off
-	metricsOnce sync.Once       // closes metricsRoot once
+	rank, size   int   // in this group; rank is -1 on a non-member
+	globalRank   int   // this process's rank in the default group
+	ranks        []int // global rank of each group rank
+	name, desc   string
+	store        store.Store // prefixed for this group
+	ownedStore   store.Store // the store InitFromEnv made; closed with the group
+	timeout      time.Duration
+	cfg          Config
+	root         *ProcessGroup   // the default group; itself for the default group
+	recorder     *FlightRecorder // shared by every group of the process; nil when off
+	pubMu        sync.Mutex      // guards published
+	published    progress        // last progress written to the store
+	groups       []*ProcessGroup // on the default group: every group this process is a member of
+	stopPub      chan struct{}   // on the default group: stops the progress publisher
+	monitor      *monitor        // on the default group: the heartbeat monitor; nil when off
+	metricsRoot  Metrics         // on the default group: the process's metrics; nil when off
+	metrics      GroupMetrics    // this group's; nil when metrics are off
+	metricsOnce  sync.Once       // closes metricsRoot once
+	metricsEvery uint64          // the metrics time the ops whose seq is a multiple of it (a power of two)
 
 	backends    []slot // indexed by tensor.DeviceType
 	nextGroupID atomic.Uint64

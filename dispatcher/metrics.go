@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"fmt"
+	"math/bits"
 	"net"
 	"strconv"
 	"sync"
@@ -68,9 +69,14 @@ type GroupMetrics interface {
 	// Op is called for every op the group numbered, on the issuing
 	// goroutine, after the backend accepted it (w set) or refused it (err
 	// set; *backend.OpError). issued is when the dispatcher numbered it,
-	// on the Mono clock. It must be quick and never block: completion is
-	// for the implementation to follow, off this goroutine.
+	// on the Mono clock, for the ops TimeEvery asks to time; 0 for the
+	// others. It must be quick and never block: completion is for the
+	// implementation to follow, off this goroutine.
 	Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w backend.Work, err error)
+	// TimeEvery is asked once, when the group is made: the dispatcher
+	// stamps the ops whose sequence number is a multiple of it (a power of
+	// two; 1 stamps every op), so that every rank times the same ops.
+	TimeEvery() uint64
 	// Aborted is called once per Abort of the group.
 	Aborted(reason error)
 	// Close is called when the group closes; ops still in flight may be
@@ -201,6 +207,11 @@ func (pg *ProcessGroup) attachMetrics() {
 		}
 	}
 	pg.metrics = m.Group(g)
+	every := max(pg.metrics.TimeEvery(), 1)
+	if every&(every-1) != 0 { // not a power of two: the next one
+		every = 1 << bits.Len64(every)
+	}
+	pg.metricsEvery = every
 }
 
 // heartbeats returns the watchdog counter of each of the group's backends

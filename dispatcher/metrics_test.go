@@ -17,6 +17,7 @@ import (
 // check the dispatcher's side of the interface; package metrics tests the
 // Prometheus side over real cpupool ranks.
 type fakeMetrics struct {
+	every   uint64 // TimeEvery; 0 means 1
 	mu      sync.Mutex
 	started []MetricsProcess
 	groups  []MetricsGroup
@@ -46,7 +47,7 @@ func (f *fakeMetrics) Group(g MetricsGroup) GroupMetrics {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.groups = append(f.groups, g)
-	return fakeGroup{f, g.Name}
+	return fakeGroup{f, g.Name, max(f.every, 1)}
 }
 
 func (f *fakeMetrics) StoreServer(func() store.ServerStats) store.ServerObserver { return nil }
@@ -59,8 +60,9 @@ func (f *fakeMetrics) Close() error {
 }
 
 type fakeGroup struct {
-	f    *fakeMetrics
-	name string
+	f     *fakeMetrics
+	name  string
+	every uint64
 }
 
 func (g fakeGroup) Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w backend.Work, err error) {
@@ -74,6 +76,8 @@ func (g fakeGroup) Aborted(error) {
 	defer g.f.mu.Unlock()
 	g.f.aborts++
 }
+
+func (g fakeGroup) TimeEvery() uint64 { return g.every }
 
 func (g fakeGroup) Close() {
 	g.f.mu.Lock()
@@ -184,3 +188,28 @@ type failingMetrics struct {
 }
 
 func (f *failingMetrics) Start(MetricsProcess) error { return errors.New("port taken") }
+
+// The dispatcher stamps the ops whose sequence number is a multiple of
+// TimeEvery, rounded up to a power of two (3 is 4), and only those.
+func TestMetricsTimeEvery(t *testing.T) {
+	f := &fakeMetrics{every: 3}
+	pg, err := Init(context.Background(), Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "reccpu",
+		BackendOptions: map[string]any{"reccpu": &callLog{}}, Metrics: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close(context.Background())
+	for range 9 {
+		if _, err := pg.Allreduce(context.Background(), []*tensor.Tensor{host(t, tensor.Float32, 4)}, backend.AllreduceOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, o := range f.ops {
+		seq := i + 1
+		if timed := o.issued != 0; timed != (seq%4 == 0) {
+			t.Errorf("seq %d: stamped %v (issued %v), want stamped only at multiples of 4", seq, timed, o.issued)
+		}
+	}
+}

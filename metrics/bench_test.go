@@ -37,20 +37,22 @@ func init() {
 
 // BenchmarkDispatchAllreduce is dispatcher's benchmark of the same name
 // with metrics off and on (an Exporter over its own registry, no
-// listener), with the flight recorder off and on: the difference is the
-// metrics' cost per op.
+// listener; the default sampling of latencies, and every op timed), with
+// the flight recorder off and on: the difference is the metrics' cost per
+// op.
 func BenchmarkDispatchAllreduce(b *testing.B) {
 	for _, c := range []struct {
 		name    string
 		entries int
 		metrics bool
-	}{{"recorder-off/metrics-off", -1, false}, {"recorder-off/metrics-on", -1, true},
-		{"recorder-on/metrics-off", 0, false}, {"recorder-on/metrics-on", 0, true}} {
+		every   int // Options.TimeEvery
+	}{{"recorder-off/metrics-off", -1, false, 0}, {"recorder-off/metrics-on", -1, true, 0}, {"recorder-off/metrics-on-time-every-op", -1, true, 1},
+		{"recorder-on/metrics-off", 0, false, 0}, {"recorder-on/metrics-on", 0, true, 0}, {"recorder-on/metrics-on-time-every-op", 0, true, 1}} {
 		b.Run(c.name, func(b *testing.B) {
 			cfg := dispatcher.Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "nopbench",
 				FlightRecorder: dispatcher.FlightRecorderOptions{Entries: c.entries, DumpPrefix: b.TempDir() + "/r"}}
 			if c.metrics {
-				cfg.Metrics = metrics.New(metrics.Options{})
+				cfg.Metrics = metrics.New(metrics.Options{TimeEvery: c.every})
 			}
 			pg, err := dispatcher.Init(context.Background(), cfg)
 			if err != nil {

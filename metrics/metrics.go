@@ -18,7 +18,8 @@
 // default group):
 //
 //	gocoll_ops_issued_total{group,group_desc,backend,op}            ops numbered and handed to the backend
-//	gocoll_op_duration_seconds{group,group_desc,backend,op}         issue to completion of the ops that succeeded (its _count is the completed ops)
+//	gocoll_ops_completed_total{group,group_desc,backend,op}         ops that completed successfully
+//	gocoll_op_duration_seconds{group,group_desc,backend,op}         issue to completion of the timed ops that succeeded (Options.TimeEvery)
 //	gocoll_op_failures_total{group,group_desc,backend,op,kind}      ops that failed, at issue or later, by error kind (timeout, aborted, remote, …)
 //	gocoll_ops_captured_total{group,group_desc,backend,op}          ops captured into a CUDA graph (they run at each replay, never complete here)
 //	gocoll_timeouts_total{group,group_desc,backend}                 ops that timed out
@@ -68,6 +69,14 @@ func init() {
 // found from a latency's bit length.
 var DefaultBuckets = prometheus.ExponentialBuckets(1e-6, 4, 14)
 
+// DefaultTimeEvery is Options.TimeEvery's default: a latency sample every
+// 8th op of a group. Timing an op costs two clock reads (~45 ns each on a
+// virtual machine), the rest of an op's metrics one or two atomic adds;
+// sampling keeps the dispatcher's cost within its budget (docs/perf.md),
+// and since a stalled collective holds back the ones behind it, a stall
+// still shows in the sampled ones.
+const DefaultTimeEvery = 8
+
 // Options configure an Exporter. The zero value is the defaults.
 type Options struct {
 	// Registry receives the series; nil means a registry of the
@@ -77,6 +86,11 @@ type Options struct {
 	// StoreBuckets are the store request latency buckets in seconds (nil:
 	// DefaultBuckets).
 	StoreBuckets []float64
+	// TimeEvery: the latency histogram times one op in TimeEvery of each
+	// group, those whose sequence number is a multiple of it, so that
+	// every rank times the same ops (zero: DefaultTimeEvery; 1 times every
+	// op; rounded up to a power of two). The counts are of every op.
+	TimeEvery int
 	// Poll is the longest interval between two completion checks of a
 	// Work that is not a backend.HostWork (zero: 1 ms; negative is
 	// invalid and is taken as the default).
@@ -127,6 +141,9 @@ func New(opts Options) *Exporter {
 	}
 	if opts.StoreBuckets == nil {
 		opts.StoreBuckets = DefaultBuckets
+	}
+	if opts.TimeEvery <= 0 {
+		opts.TimeEvery = DefaultTimeEvery
 	}
 	if opts.Poll <= 0 {
 		opts.Poll = time.Millisecond
@@ -289,6 +306,7 @@ var (
 // call NVML at registration).
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descIssued
+	ch <- descDone
 	ch <- descLatency
 	ch <- descCaptured
 	ch <- descBeatAge

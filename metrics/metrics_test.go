@@ -86,7 +86,7 @@ next:
 
 // initRanks starts world cpupool ranks as goroutines over one HashStore,
 // each with an Exporter of its own.
-func initRanks(t *testing.T, world int, cfg dispatcher.Config) ([]*dispatcher.ProcessGroup, []*metrics.Exporter) {
+func initRanks(t *testing.T, world int, cfg dispatcher.Config, opts ...metrics.Options) ([]*dispatcher.ProcessGroup, []*metrics.Exporter) {
 	t.Helper()
 	cfg.Store, cfg.WorldSize, cfg.Backend = store.NewHashStore(), world, "cpupool"
 	cfg.FlightRecorder.DumpPrefix = t.TempDir() + "/fr_"
@@ -95,7 +95,11 @@ func initRanks(t *testing.T, world int, cfg dispatcher.Config) ([]*dispatcher.Pr
 	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for r := range world {
-		exps[r] = metrics.New(metrics.Options{})
+		var o metrics.Options
+		if len(opts) > 0 {
+			o = opts[0]
+		}
+		exps[r] = metrics.New(o)
 		c := cfg
 		c.Rank, c.Metrics = r, exps[r]
 		wg.Go(func() { pgs[r], errs[r] = dispatcher.Init(context.Background(), c) })
@@ -131,9 +135,10 @@ func eventually(t *testing.T, h http.Handler, what string, cond func(map[string]
 
 // Two real cpupool ranks: every op is counted issued and completed once,
 // in its own (group, backend, op) series, with the rank label, and the
-// latency histogram holds them all.
+// latency histogram holds the timed ones: with TimeEvery 2, the ops of
+// even sequence numbers.
 func TestOpsCounted(t *testing.T) {
-	pgs, exps := initRanks(t, 2, dispatcher.Config{})
+	pgs, exps := initRanks(t, 2, dispatcher.Config{}, metrics.Options{TimeEvery: 2})
 	const n = 7
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
@@ -167,10 +172,17 @@ func TestOpsCounted(t *testing.T) {
 		ar := map[string]string{"rank": rank, "group": "0", "group_desc": "default_pg", "backend": "cpupool", "op": "allreduce"}
 		bc := map[string]string{"rank": rank, "group": "0", "backend": "cpupool", "op": "broadcast"}
 		fams := eventually(t, e.Handler(), "rank "+rank+" completions", func(f map[string]*dto.MetricFamily) bool {
-			a, _ := value(f, "gocoll_op_duration_seconds", ar)
-			b, _ := value(f, "gocoll_op_duration_seconds", bc)
+			a, _ := value(f, "gocoll_ops_completed_total", ar)
+			b, _ := value(f, "gocoll_ops_completed_total", bc)
 			return a == n && b == 1
 		})
+		// allreduce is seq 1 … 7, broadcast seq 8.
+		if v, _ := value(fams, "gocoll_op_duration_seconds", ar); v != 3 {
+			t.Errorf("rank %d: %v allreduce latencies, want 3 (seq 2, 4, 6)", r, v)
+		}
+		if v, _ := value(fams, "gocoll_op_duration_seconds", bc); v != 1 {
+			t.Errorf("rank %d: %v broadcast latencies, want 1 (seq 8)", r, v)
+		}
 		if v, _ := value(fams, "gocoll_ops_issued_total", ar); v != n {
 			t.Errorf("rank %d: allreduce issued %v, want %d", r, v, n)
 		}
@@ -198,7 +210,7 @@ func TestOpsCounted(t *testing.T) {
 // completed; the flight recorder's dump and a later Abort are counted too.
 func TestTimeoutAbortDump(t *testing.T) {
 	logs := captureLogs(t)
-	pgs, exps := initRanks(t, 2, dispatcher.Config{})
+	pgs, exps := initRanks(t, 2, dispatcher.Config{}, metrics.Options{TimeEvery: 1})
 	ctx := context.Background()
 	w, err := pgs[0].Allreduce(ctx, []*tensor.Tensor{tensor.New(tensor.Float32, 4)}, backend.AllreduceOptions{Timeout: 300 * time.Millisecond})
 	if err != nil {
@@ -216,8 +228,10 @@ func TestTimeoutAbortDump(t *testing.T) {
 	if v, _ := value(fams, "gocoll_timeouts_total", map[string]string{"rank": "0", "group": "0", "backend": "cpupool"}); v != 1 {
 		t.Errorf("timeouts %v, want 1", v)
 	}
-	if v, _ := value(fams, "gocoll_op_duration_seconds", map[string]string{"rank": "0", "op": "allreduce"}); v != 0 {
-		t.Errorf("a failed op was counted completed (%v)", v)
+	for _, name := range []string{"gocoll_ops_completed_total", "gocoll_op_duration_seconds"} {
+		if v, _ := value(fams, name, map[string]string{"rank": "0", "op": "allreduce"}); v != 0 {
+			t.Errorf("a failed op was counted in %s (%v)", name, v)
+		}
 	}
 	pgs[0].Abort(ctx, errors.New("test: abort"))
 	fams = scrape(t, exps[0].Handler())

@@ -36,10 +36,11 @@ type group struct {
 // an op touches no label map and no lock: an issued count, a captured
 // count and the latency histogram.
 type opSeries struct {
-	issued   atomic.Uint64
-	captured atomic.Uint64
-	latency  latency
-	labels   []string // group, group_desc, backend, op
+	issued    atomic.Uint64
+	completed atomic.Uint64
+	captured  atomic.Uint64
+	latency   latency
+	labels    []string // group, group_desc, backend, op
 }
 
 // The latency buckets: upper bounds of 2^(10+2i) ns, i = 0 … numBuckets-1,
@@ -136,7 +137,7 @@ func (g *group) Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w 
 		return
 	}
 	if hw, ok := w.(*backend.HostWork); ok && hw.IsCompleted() {
-		g.finished(s, issued, dispatcher.Mono(), hw.Exception())
+		g.finished(s, issued, hw.Exception())
 		return
 	}
 	if c, ok := w.(backend.CaptureReporter); ok && c.Captured() {
@@ -146,13 +147,17 @@ func (g *group) Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w 
 	g.follower(dt).push(pendingOp{w: w, s: s, issued: issued})
 }
 
-// finished records an op that completed at now (both on the Mono clock).
-func (g *group) finished(s *opSeries, issued, now time.Duration, err error) {
+// finished records an op that completed now; issued, on the Mono clock,
+// is 0 for an op the dispatcher did not time.
+func (g *group) finished(s *opSeries, issued time.Duration, err error) {
 	if err != nil {
 		g.failed(s, err)
 		return
 	}
-	s.latency.observe(now - issued)
+	s.completed.Add(1)
+	if issued != 0 {
+		s.latency.observe(dispatcher.Mono() - issued)
+	}
 }
 
 // kinds are the error kinds of the failures series, in the order they are
@@ -188,6 +193,9 @@ func (g *group) failed(s *opSeries, err error) {
 func (g *group) Aborted(error) {
 	g.e.aborts.WithLabelValues(g.info.Name, g.info.Desc).Inc()
 }
+
+// TimeEvery implements dispatcher.GroupMetrics: Options.TimeEvery.
+func (g *group) TimeEvery() uint64 { return uint64(g.e.opts.TimeEvery) }
 
 // Close implements dispatcher.GroupMetrics: the followers stop, and works
 // still in flight are no longer followed. The group's series stay.
@@ -273,7 +281,7 @@ func (f *follower) run() {
 		if !f.await(p.w, timer) {
 			return
 		}
-		f.g.finished(p.s, p.issued, dispatcher.Mono(), p.w.Exception())
+		f.g.finished(p.s, p.issued, p.w.Exception())
 	}
 }
 
@@ -320,7 +328,8 @@ func (f *follower) await(w backend.Work, timer *time.Timer) bool {
 var (
 	opLabels     = []string{"group", "group_desc", "backend", "op"}
 	descIssued   = prometheus.NewDesc("gocoll_ops_issued_total", "Ops the dispatcher numbered and handed to the backend.", opLabels, nil)
-	descLatency  = prometheus.NewDesc("gocoll_op_duration_seconds", "Issue to completion of the ops that succeeded; _count is the completed ops.", opLabels, nil)
+	descDone     = prometheus.NewDesc("gocoll_ops_completed_total", "Ops that completed successfully.", opLabels, nil)
+	descLatency  = prometheus.NewDesc("gocoll_op_duration_seconds", "Issue to completion of the timed ops that succeeded (one in Options.TimeEvery, by sequence number).", opLabels, nil)
 	descCaptured = prometheus.NewDesc("gocoll_ops_captured_total", "Ops captured into a CUDA graph: they run at each replay and never complete here.", opLabels, nil)
 )
 
@@ -332,6 +341,7 @@ func (g *group) collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		ch <- prometheus.MustNewConstMetric(descIssued, prometheus.CounterValue, float64(s.issued.Load()), s.labels...)
+		ch <- prometheus.MustNewConstMetric(descDone, prometheus.CounterValue, float64(s.completed.Load()), s.labels...)
 		n, sum, cum := s.latency.snapshot()
 		ch <- prometheus.MustNewConstHistogram(descLatency, n, sum, cum, s.labels...)
 		if c := s.captured.Load(); c > 0 {

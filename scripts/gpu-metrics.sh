@@ -3,19 +3,23 @@
 # metrics (issue 13 item 6): `conftest --backend nccl` at world 1 with
 # GOCOLL_METRICS_ADDR set, and curl of rank 0's /metrics every second while
 # it runs. On the device (GPU.md):
-#   run: carry [".gpu"], kind nvidia-h200, command `bash .gpu/metrics.sh`
+#   run: carry [".gpu"] (or GPU_DIR), kind nvidia-h200, command `bash .gpu/metrics.sh`
 # The scrapes, the conftest log and its report come back as one tarball.
+# GPU_DIR (default .gpu) is where the bundle goes; carry that folder.
+# Built beside it when present: before.test (dispatcher without metrics),
+# after.test and metrics.test, for the interleaved benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p .gpu
-CGO_ENABLED=1 go build -ldflags='-s -w' -o .gpu/conftest ./cmd/conftest
-cat > .gpu/metrics.sh <<'RUN'
+D=${GPU_DIR:-.gpu}
+mkdir -p "$D"
+CGO_ENABLED=1 go build -ldflags='-s -w' -o "$D/conftest" ./cmd/conftest
+cat > "$D/metrics.sh" <<'RUN'
 #!/usr/bin/env bash
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}
 M="$OUT/m"
 mkdir -p "$M"
-cd "$(dirname "$0")/.."
+D="$(cd "$(dirname "$0")" && pwd)" # the bundle: conftest and the benchmarks
 { date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   ls -l /usr/lib/x86_64-linux-gnu/libnccl.so*; nproc; } > "$M/machine.txt" 2>&1
 scrape() {
@@ -25,7 +29,7 @@ scrape() {
 export GOCOLL_METRICS_ADDR=127.0.0.1:9400
 # The failure specs run their ranks as child processes, which serve no
 # scrape of rank 0's: LABELS (default: all but them) keeps the run short.
-GOCOLL_CONFTEST_CHILD_DIR="$M/children" timeout 60 .gpu/conftest --backend nccl --nproc 1 --timeout 15s --run-timeout 50s \
+GOCOLL_CONFTEST_CHILD_DIR="$M/children" timeout 60 "$D/conftest" --backend nccl --nproc 1 --timeout 15s --run-timeout 50s \
 	--label-filter "${LABELS:-!timeout && !errors}" --report "$M/report" > "$M/conftest.log" 2>&1 &
 pid=$!
 n=0
@@ -51,16 +55,16 @@ fi
 # The dispatcher's cost with metrics off and on, on this machine's cores
 # (before.test: dispatcher without metrics; after.test: with them, off;
 # metrics.test: off and on), interleaved, after the conftest run.
-if [ -x .gpu/metrics.test ] && [ "${BENCH_ROUNDS:-6}" -gt 0 ]; then
+if [ -x "$D/metrics.test" ] && [ "${BENCH_ROUNDS:-6}" -gt 0 ]; then
 	ts=""; taskset -c 2-5 true 2>/dev/null && ts="taskset -c 2-5"
 	for i in $(seq "${BENCH_ROUNDS:-6}"); do
 		for b in before after metrics; do
-			$ts .gpu/$b.test -test.run '^$' -test.bench DispatchAllreduce -test.benchtime 200000x -test.benchmem 2>/dev/null | grep ^Bench | sed "s/^/$b /" >> "$M/bench.txt"
+			$ts "$D/$b.test" -test.run '^$' -test.bench DispatchAllreduce -test.benchtime 200000x -test.benchmem 2>/dev/null | grep ^Bench | sed "s/^/$b /" >> "$M/bench.txt"
 		done
 	done
 	awk '{k=$1" "$2; v[k]=v[k]" "$4} END{for (k in v) print k":"v[k]}' "$M/bench.txt" | sort
 fi
 tar -C "$OUT" -czf /tmp/metrics-run.tgz m && rm -rf "$M" && mv /tmp/metrics-run.tgz "$OUT/"
 RUN
-chmod +x .gpu/metrics.sh
-du -sh .gpu
+chmod +x "$D/metrics.sh"
+du -sh "$D"
