@@ -26,10 +26,11 @@ scrape() {
 	if command -v curl >/dev/null; then curl -sf -m 2 "$1"; else
 		python3 -c 'import sys,urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())' "$1"; fi
 }
-export GOCOLL_METRICS_ADDR=127.0.0.1:9400
 # The failure specs run their ranks as child processes, which serve no
 # scrape of rank 0's: LABELS (default: all but them) keeps the run short.
-GOCOLL_CONFTEST_CHILD_DIR="$M/children" timeout 60 "$D/conftest" --backend nccl --nproc 1 --timeout 15s --run-timeout 50s \
+# GOCOLL_METRICS_ADDR for conftest alone: the benchmarks below would
+# otherwise start metrics in their metrics-off cases.
+GOCOLL_METRICS_ADDR=127.0.0.1:9400 GOCOLL_CONFTEST_CHILD_DIR="$M/children" timeout 60 "$D/conftest" --backend nccl --nproc 1 --timeout 15s --run-timeout 50s \
 	--label-filter "${LABELS:-!timeout && !errors}" --report "$M/report" > "$M/conftest.log" 2>&1 &
 pid=$!
 n=0
