@@ -144,29 +144,31 @@ func BenchmarkDebugDetail(b *testing.B) {
 				return
 			}
 			x := []*tensor.Tensor{tensor.New(tensor.Float32, 1024), tensor.New(tensor.Float32, 1024)}
-			stop := make(chan struct{})
-			done := make(chan struct{})
-			go func() { // rank 1 keeps pace: the check waits for both ranks
-				defer close(done)
-				for debug == "detail" {
-					select {
-					case <-stop:
-						return
-					default:
+			done := make(chan error, 1)
+			if debug == "detail" {
+				// Rank 1 issues as many ops: the check waits for both ranks.
+				go func() {
+					for range b.N {
+						if _, err := pgs[1].Allreduce(context.Background(), x[1:], backend.AllreduceOptions{}); err != nil {
+							done <- err
+							return
+						}
 					}
-					if _, err := pgs[1].Allreduce(context.Background(), x[1:], backend.AllreduceOptions{}); err != nil {
-						return
-					}
-				}
-			}()
-			for b.Loop() {
+					done <- nil
+				}()
+			} else {
+				done <- nil
+			}
+			b.ResetTimer()
+			for range b.N {
 				if _, err := pgs[0].Allreduce(context.Background(), x[:1], backend.AllreduceOptions{}); err != nil {
 					b.Fatal(err)
 				}
 			}
-			close(stop)
-			_, _ = pgs[0].Allreduce(context.Background(), x[:1], backend.AllreduceOptions{}) // lets rank 1 out of its check
-			<-done
+			b.StopTimer()
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
 			for _, pg := range pgs {
 				_ = pg.Close(context.Background())
 			}
