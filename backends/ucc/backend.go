@@ -149,6 +149,11 @@ type Backend struct {
 	// without taking mu while a driver holds it.
 	npending atomic.Int32
 
+	// born is when New began; works keep their times as offsets from it
+	// (now), one read of the monotonic clock each, where time.Now reads
+	// the wall clock too: on a VM each read is a good part of a small op.
+	born time.Time
+
 	kick chan struct{} // wakes the progress goroutine; capacity 1
 	stop chan struct{} // closed by Close and Abort
 	done chan struct{} // closed when the progress goroutine has returned
@@ -174,7 +179,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("%w: ucc: the group has no store to wire UCC up over", backend.ErrInvalidArgument)
 	}
-	b := &Backend{cfg: cfg, opts: opts, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	b := &Backend{cfg: cfg, opts: opts, born: time.Now(), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		wd: watch.NewWatchdog[*work](watch.Config{Policy: watch.NoHandling, Rank: cfg.Rank, Dump: cfg.DumpAll != nil})}
 	b.oob = &oob{st: cfg.Store, rank: cfg.Rank, size: cfg.WorldSize, timeout: storeBound,
 		deadline: time.Now().Add(opts.ConnectTimeout)}
@@ -226,6 +231,9 @@ func (b *Backend) wireUp(ctx context.Context) error {
 		park = min(2*park, 5*time.Millisecond)
 	}
 }
+
+// now is the time since b.born, from the monotonic clock alone.
+func (b *Backend) now() time.Duration { return time.Since(b.born) }
 
 // Name implements backend.Core.
 func (b *Backend) Name() string { return Name }
@@ -432,6 +440,7 @@ func (b *Backend) progress() {
 		if now.Sub(lastTick) >= tickEvery {
 			lastTick = now
 			b.mu.Lock()
+			b.watchLocked()
 			b.wd.Retire(func(w *work) bool { return w.IsCompleted() })
 			acts := b.wd.Tick(now)
 			b.mu.Unlock()
@@ -458,6 +467,19 @@ func (b *Backend) progress() {
 			park = time.Microsecond
 		} else {
 			park = min(2*park, b.opts.MaxPark)
+		}
+	}
+}
+
+// watchLocked hands the watchdog the pending works it does not watch yet:
+// those that outlived the last tick (submit leaves them out, so that an op
+// that finishes within a tick costs the watchdog nothing). Their issue
+// time is kept, so their timeouts count from issue.
+func (b *Backend) watchLocked() {
+	for _, w := range b.pending {
+		if !w.watched && w.timeout > 0 && !w.IsCompleted() {
+			b.wd.Enqueue(w, "team", b.born.Add(w.enq), w.timeout)
+			w.watched = true
 		}
 	}
 }

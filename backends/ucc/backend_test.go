@@ -19,7 +19,7 @@ import (
 // group makes n ranks of the backend in this process, on one in-memory
 // store; it skips when libucc cannot be loaded (the host of CI: the
 // conformance run inside the Debian sid root is what proves the backend).
-func group(t *testing.T, n int) []backend.Backend {
+func group(t testing.TB, n int) []backend.Backend {
 	t.Helper()
 	if err := ucc.Load(); err != nil {
 		t.Skipf("libucc cannot be loaded here (%v); the ucc conformance run in the sid root covers the backend", err)

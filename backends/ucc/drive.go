@@ -52,23 +52,31 @@ func (b *Backend) drive(ctx context.Context, w *work) {
 			b.kickNow()
 		}
 	}()
-	start := time.Now()
+	// The clock is read only once the op has taken a while (n == 63):
+	// a small op is done in the first gu_drive, and a clock read is a
+	// good part of its cost.
+	var start time.Time
 	// gu_drive stops when a submit waits for b.mu: it reads b.posting
 	// (an int32 with no Go pointers around it) while it spins.
 	stop := (*C.int32_t)(unsafe.Pointer(&b.posting))
 	for n := 0; !w.IsCompleted(); n++ {
-		if n&63 == 63 && (ctx.Err() != nil || time.Since(start) > waitDrive) {
-			return
+		if n&63 == 63 {
+			if start.IsZero() {
+				start = time.Now()
+			}
+			if ctx.Err() != nil || time.Since(start) > waitDrive {
+				return
+			}
 		}
 		if b.posting.Load() == 0 && b.mu.TryLock() {
 			// A stopped backend's context may be gone (Close destroys it
 			// once nothing is pending; Abort leaves it to the process).
 			live := len(b.pending) > 0 && (b.stopped == nil || errors.Is(b.stopped, backend.ErrClosed))
 			if live {
-				if len(w.reqs) > 0 {
+				if w.live > 0 {
 					// The C loop of a blocking caller, for up to driveSpin:
 					// progress and test without a cgo crossing per round.
-					C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, C.int64_t(driveSpin))
+					w.live = int(C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, C.int64_t(driveSpin)))
 					w.noteErr()
 				} else {
 					C.gu_context_progress(b.ctx)

@@ -54,6 +54,11 @@ func (p *plan) allreduce(r reduction, buf []byte) {
 // together, as Gloo does: each gets the reduction of all of them on all
 // ranks.
 func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceOptions) (backend.Work, error) {
+	if len(tensors) == 1 {
+		if w, err, ok := b.allreduceOne(ctx, m, tensors[0], opts); ok {
+			return w, err
+		}
+	}
 	bufs, err := b.host(backend.OpAllreduce, m, tensors...)
 	if err != nil {
 		return nil, err
@@ -75,6 +80,33 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 		}
 	}
 	return b.submit(ctx, p)
+}
+
+// allreduceOne is Allreduce of one host tensor whose reduction UCC does
+// whole (no float32 widening, no AVG division, no PREMUL_SUM scaling), the
+// common case, with nothing to do after UCC: the work is the op's only
+// allocation. ok is false when t is not such a case.
+func (b *Backend) allreduceOne(ctx context.Context, m backend.Meta, t *tensor.Tensor, opts backend.AllreduceOptions) (w backend.Work, err error, ok bool) {
+	if t == nil || t.Device().Type != tensor.CPU || !t.IsContiguous() {
+		return nil, nil, false // host's errors
+	}
+	switch opts.ReduceOp.Type {
+	case backend.Avg, backend.PreMulSum:
+		return nil, nil, false // a kernel after or before UCC
+	}
+	if opts.ReduceOp.ValidFor(t.DType()) != nil {
+		return nil, nil, false // reductionOf's error
+	}
+	r, err := b.uccReduction(backend.OpAllreduce, m, t.DType(), opts.ReduceOp)
+	if err != nil || r.ratio != 1 {
+		return nil, nil, false
+	}
+	p := b.plan(backend.OpAllreduce, m, nil)
+	p.outputs = p.w.one[:]
+	p.w.one[0] = t
+	p.allreduce(r, t.Bytes())
+	w, err = b.submit(ctx, p)
+	return w, err, true
 }
 
 // AllreduceCoalesced implements backend.Backend: one UCC allreduce per

@@ -97,9 +97,9 @@ func (b *Backend) MonitoredBarrier(ctx context.Context, m backend.Meta, opts bac
 	if err != nil {
 		return nil, err
 	}
-	w := &work{HostWork: backend.NewHostWork(m.Seq, true, nil), b: b, op: op, seq: m.Seq, timeout: m.Timeout, enq: time.Now()}
-	w.MarkStarted()
-	go func() { w.Complete(nil, b.monitored(m, opts.WaitAllRanks)) }()
+	w := b.newWork(op, m, nil)
+	w.enq = b.now()
+	go func() { w.complete(nil, b.monitored(m, opts.WaitAllRanks)) }()
 	return w, nil
 }
 

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"time"
 	"unsafe"
 
 	"github.com/gocoll/gocoll/backend"
@@ -60,9 +59,11 @@ const (
 // address with a count of zero.
 var dummy [64]byte
 
-// plan is an op being turned into UCC collectives.
+// plan is an op being turned into UCC collectives; it lives in its work
+// (newWork), so that planning an op allocates nothing of its own.
 type plan struct {
 	b       *Backend
+	w       *work // the work this plan is part of
 	op      backend.Op
 	m       backend.Meta
 	descs   []C.gu_desc
@@ -74,7 +75,7 @@ type plan struct {
 }
 
 func (b *Backend) plan(op backend.Op, m backend.Meta, outputs []*tensor.Tensor) *plan {
-	return &plan{b: b, op: op, m: m, outputs: outputs}
+	return &b.newWork(op, m, outputs).plan
 }
 
 // buf is the address of bs for UCC; it is pinned until UCC is done.
@@ -128,8 +129,7 @@ func errKind(err error) error {
 // the error (ErrUnsupported when UCC has no algorithm) comes back now.
 func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	_ = ctx
-	w := &work{HostWork: backend.NewHostWork(p.m.Seq, true, nil), b: b, op: p.op, seq: p.m.Seq, timeout: p.m.Timeout,
-		after: p.after, outputs: p.outputs, keep: p.pins}
+	w := p.w
 	b.posting.Add(1) // a goroutine driving progress in Wait lets this in (drive.go)
 	b.mu.Lock()
 	b.posting.Add(-1)
@@ -143,7 +143,11 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	for _, a := range p.arrs {
 		w.pin.Pin(&a[0])
 	}
-	w.reqs = make([]C.uintptr_t, len(p.descs))
+	if len(p.descs) <= len(w.reqv) {
+		w.reqs = w.reqv[:len(p.descs)]
+	} else {
+		w.reqs = make([]C.uintptr_t, len(p.descs))
+	}
 	if p.barrier {
 		for _, o := range b.pending {
 			if !o.IsCompleted() {
@@ -151,27 +155,26 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 			}
 		}
 	}
-	w.enq = time.Now()
-	w.MarkStarted()
+	w.enq = b.now()
 	var perr error
 	if len(p.descs) > 0 {
 		// Init and post in one crossing (gu_coll_start): an op costs one
 		// cgo call to issue, as a C caller's two library calls do.
-		var at, posting C.int
-		if st := C.gu_coll_start(b.team, &p.descs[0], C.int(len(p.descs)), &w.reqs[0], &at, &posting); st < 0 {
-			if posting == 0 {
+		if st := C.gu_coll_start(b.team, &p.descs[0], C.int(len(p.descs)), &w.reqs[0], &w.at, &w.post); st < 0 {
+			if w.post == 0 {
 				w.pin.Unpin()
 				err := &Error{Call: "ucc_collective_init", Status: int(st)}
 				return nil, &backend.OpError{Op: p.op.String(), Seq: p.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err,
-					Detail: fmt.Sprintf("collective %d of %d of the op", int(at)+1, len(p.descs))}
+					Detail: fmt.Sprintf("collective %d of %d of the op", int(w.at)+1, len(p.descs))}
 			}
 			// The ones before are posted and stay, as after a timeout.
 			err := &Error{Call: "ucc_collective_post", Status: int(st)}
-			w.reqs = w.reqs[:at]
+			w.reqs = w.reqs[:w.at]
 			perr = &backend.OpError{Op: p.op.String(), Seq: p.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err}
 			w.fail(perr)
 		}
 	}
+	w.live = len(w.reqs)
 	if len(w.reqs) == 0 && len(w.deps) == 0 {
 		w.pin.Unpin()
 		if perr != nil {
@@ -180,7 +183,7 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 		if w.after != nil {
 			w.after()
 		}
-		w.Complete(w.outputs, nil)
+		w.complete(w.outputs, nil)
 		return w, nil
 	}
 	b.pending = append(b.pending, w)
@@ -188,9 +191,9 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	if perr != nil {
 		return nil, perr
 	}
-	if p.m.Timeout > 0 {
-		b.wd.Enqueue(w, "team", w.enq, p.m.Timeout)
-	}
+	// The watchdog learns of the work only if it outlives a tick of the
+	// progress goroutine (watchLocked): most ops finish sooner, and an
+	// entry per op would cost an append and keep the work alive for a tick.
 	b.wake()
 	return w, nil
 }
@@ -243,16 +246,30 @@ func (b *Backend) reductionOf(opk backend.Op, m backend.Meta, dt tensor.DType, o
 	if err != nil {
 		return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Err: err}
 	}
-	r := reduction{k: k, elemLen: dt.Size(), ratio: 1}
+	r, err := b.uccReduction(opk, m, dt, op)
+	if err != nil {
+		return reduction{}, err
+	}
+	r.k = k
+	if r.ratio != 1 {
+		if r.k, err = reduce.For(tensor.Float32, op); err != nil {
+			return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Err: err}
+		}
+	}
+	return r, nil
+}
+
+// uccReduction is reductionOf without gocoll's kernel (r.k is zero): UCC's
+// datatype and op and the widening, for a caller that has no local
+// combine to do (allreduceOne).
+func (b *Backend) uccReduction(opk backend.Op, m backend.Meta, dt tensor.DType, op backend.ReduceOp) (reduction, error) {
+	r := reduction{elemLen: dt.Size(), ratio: 1}
 	switch dt {
 	case tensor.Float16, tensor.Float8E4M3, tensor.Float8E5M2:
 		// UCC 1.9's CPU float16 reductions return wrong sums (seen at 2
 		// ranks: a rank's own values back) and UCC has no float8 types:
 		// reduce in float32 and round once at the end, which matches or
 		// beats torch's own rounding.
-		if r.k, err = reduce.For(tensor.Float32, op); err != nil {
-			return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Err: err}
-		}
 		r.dt, r.elemLen, r.wide, r.ratio = predefined(11), 4, dt, 4/dt.Size()
 	case tensor.Int8:
 		r.dt = predefined(0)

@@ -229,14 +229,22 @@ static int64_t gu_now_ns(void) {
 // reqs until none is in progress (it returns 0), *stop turns nonzero (a
 // submit waits for the lock the caller holds) or spin_ns pass; then it
 // returns how many are still in progress. The clock is read every 16
-// rounds.
+// rounds, from the 16th on (the spin counts from there): a small op is
+// done before, and a clock read costs a good part of it.
 int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, int64_t spin_ns) {
-	int64_t end = gu_now_ns() + spin_ns;
+	int64_t end = 0;
 	for (unsigned k = 1;; k++) {
 		int busy = gu_reap(reqs, n, err);
 		if (busy == 0) return 0;
 		if (__atomic_load_n(stop, __ATOMIC_RELAXED) != 0) return busy;
-		if ((k & 15) == 0 && gu_now_ns() > end) return busy;
+		if ((k & 15) == 0) {
+			int64_t now = gu_now_ns();
+			if (end == 0) {
+				end = now + spin_ns;
+			} else if (now > end) {
+				return busy;
+			}
+		}
 		p_ucc_context_progress((ctx_h)ctx);
 	}
 }
@@ -278,4 +286,33 @@ size_t gu_layout(int s, int f) {
 	               GU_F(gu_p2p_conn, conn_ctx), GU_F(gu_p2p_conn, req_test), GU_F(gu_p2p_conn, req_free))
 	}
 	return (size_t)-1;
+}
+
+// gu_raw_allreduce is the loop of a C program calling UCC directly
+// (cmd/conftest/benchc/ucc-bench-raw.c's): iters float32 SUM allreduces
+// of buf in place, each init, post, test plus progress, finalize. It is the
+// peer of the package's benchmarks, on the backend's own team.
+int gu_raw_allreduce(uintptr_t team, uintptr_t ctx, uintptr_t buf, uint64_t count, int64_t iters) {
+	for (int64_t i = 0; i < iters; i++) {
+		gu_coll_args a = {0};
+		a.mask = 1u << 0; // UCC_COLL_ARGS_FIELD_FLAGS
+		a.flags = 1u << 0; // UCC_COLL_ARGS_FLAG_IN_PLACE
+		a.coll_type = 1 << 2; // UCC_COLL_TYPE_ALLREDUCE
+		a.op = 0; // UCC_OP_SUM
+		a.src.info.buffer = (void *)buf;
+		a.src.info.count = count;
+		a.src.info.datatype = 11u << 3; // UCC_DT_FLOAT32
+		a.dst.info = a.src.info;
+		req_h r = NULL;
+		gu_status st = p_ucc_collective_init(&a, &r, (team_h)team);
+		if (st != GU_OK) return st;
+		if ((st = p_ucc_collective_post(r)) != GU_OK) return st;
+		while ((st = *(volatile gu_status *)r) == GU_INPROGRESS || st == GU_OPERATION_INITIALIZED) {
+			p_ucc_context_progress((ctx_h)ctx);
+		}
+		gu_status fst = p_ucc_collective_finalize(r);
+		if (st != GU_OK) return st;
+		if (fst != GU_OK) return fst;
+	}
+	return GU_OK;
 }
