@@ -98,6 +98,8 @@ func bench(args []string) error {
 	fs.BoolVar(&pf.cpupool, "cpupool", false, "add the cpupool peer")
 	fs.BoolVar(&pf.mpi, "mpi", false, "add the Open MPI peer")
 	fs.StringVar(&pf.mpirun, "mpirun", "mpirun --allow-run-as-root --oversubscribe", "the mpirun command line (-np N and the program are appended)")
+	fs.StringVar(&pf.rawBin, "raw-bin", "", "a ucc-bench-raw built beforehand, for a machine without gcc or the ucc headers (the GPU machine)")
+	fs.StringVar(&pf.mpiPrebuilt, "mpi-bin", "", "a bench-mpi built beforehand with mpicc, for a machine without mpicc")
 	repeat := fs.Int("repeat", 1, "run every series this many times, interleaved; each size keeps its fastest run")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -35,14 +35,16 @@ const rawName = "raw-ucc"
 
 // peerFlags are conftest bench's flags for the C peers.
 type peerFlags struct {
-	wrap       string
-	raw        bool
-	rawThread  string
-	uccInclude string
-	cpupool    bool
-	mpi        bool
-	mpirun     string
-	mpiBin     string // compiled by series
+	wrap        string
+	raw         bool
+	rawThread   string
+	uccInclude  string
+	cpupool     bool
+	mpi         bool
+	mpirun      string
+	rawBin      string // --raw-bin: the raw loop, built beforehand
+	mpiPrebuilt string // --mpi-bin: the MPI program, built beforehand
+	mpiBin      string // compiled by series (or mpiPrebuilt)
 }
 
 // series compiles what the C peers need into dir and returns the raw
@@ -54,20 +56,7 @@ func (pf *peerFlags) series(dir, be, sizes, iters string, wrap []string) ([]benc
 		if pf.rawThread != "single" && pf.rawThread != "multiple" {
 			return nil, fmt.Errorf("bad --raw-thread %q (single or multiple)", pf.rawThread)
 		}
-		inc, err := uccInclude(pf.uccInclude)
-		if err != nil {
-			return nil, err
-		}
-		// Only ucc/ from that directory: a root's own libc headers must not
-		// shadow this machine's.
-		incDir := filepath.Join(dir, "include")
-		if err := os.MkdirAll(incDir, 0o755); err != nil {
-			return nil, err
-		}
-		if err := os.Symlink(filepath.Join(inc, "ucc"), filepath.Join(incDir, "ucc")); err != nil {
-			return nil, err
-		}
-		bin, err := buildC(dir, "ucc-bench-raw.c", "gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-I"+incDir, "-ldl")
+		bin, err := pf.rawLoop(dir)
 		if err != nil {
 			return nil, err
 		}
@@ -80,13 +69,53 @@ func (pf *peerFlags) series(dir, be, sizes, iters string, wrap []string) ([]benc
 		}})
 	}
 	if pf.mpi {
-		bin, err := buildC(dir, "bench-mpi.c", "mpicc", "-O2", "-Wall", "-Wextra", "-Werror")
-		if err != nil {
+		bin := pf.mpiPrebuilt
+		if bin == "" {
+			var err error
+			if bin, err = buildC(dir, "bench-mpi.c", "mpicc", "-O2", "-Wall", "-Wextra", "-Werror"); err != nil {
+				return nil, err
+			}
+		} else if err := isExecutable(bin, "--mpi-bin"); err != nil {
 			return nil, err
 		}
 		pf.mpiBin = bin
 	}
 	return out, nil
+}
+
+// rawLoop returns the raw libucc loop's binary: --raw-bin, else
+// benchc/ucc-bench-raw.c compiled into dir with gcc against the ucc
+// headers (uccInclude).
+func (pf *peerFlags) rawLoop(dir string) (string, error) {
+	if pf.rawBin != "" {
+		return pf.rawBin, isExecutable(pf.rawBin, "--raw-bin")
+	}
+	inc, err := uccInclude(pf.uccInclude)
+	if err != nil {
+		return "", err
+	}
+	// Only ucc/ from that directory: a root's own libc headers must not
+	// shadow this machine's.
+	incDir := filepath.Join(dir, "include")
+	if err := os.MkdirAll(incDir, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.Symlink(filepath.Join(inc, "ucc"), filepath.Join(incDir, "ucc")); err != nil {
+		return "", err
+	}
+	return buildC(dir, "ucc-bench-raw.c", "gcc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-I"+incDir, "-ldl")
+}
+
+// isExecutable checks a prebuilt peer named by flag.
+func isExecutable(path, flag string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", flag, err)
+	}
+	if st.IsDir() || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("%s: %s is not an executable file", flag, path)
+	}
+	return nil
 }
 
 // mpiSeries runs the compiled MPI program under mpirun, one launcher
