@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/gocoll/gocoll/backends/ucc"
 )
 
 // benchC holds the C peers of conftest bench, compiled at run time where
@@ -52,6 +54,17 @@ type peerFlags struct {
 // compiled here too, so a missing compiler fails before any run.
 func (pf *peerFlags) series(dir, be, sizes, iters string, wrap []string) ([]benchSeries, error) {
 	var out []benchSeries
+	if be == "ucc" {
+		// The backend sets UCC's pool size for itself when it is unset
+		// (ucc.MpoolElemSizeEnv says why); set here, the raw loop gets the
+		// same, so that both sides run with the same UCC settings.
+		if _, set := os.LookupEnv(ucc.MpoolElemSizeEnv); !set {
+			if err := os.Setenv(ucc.MpoolElemSizeEnv, ucc.DefaultMpoolElemSize); err != nil {
+				return nil, err
+			}
+		}
+		fmt.Printf("UCC settings of every ucc series: %s=%s\n", ucc.MpoolElemSizeEnv, os.Getenv(ucc.MpoolElemSizeEnv))
+	}
 	if be == "ucc" && pf.raw {
 		if pf.rawThread != "single" && pf.rawThread != "multiple" {
 			return nil, fmt.Errorf("bad --raw-thread %q (single or multiple)", pf.rawThread)
