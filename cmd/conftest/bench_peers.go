@@ -74,10 +74,22 @@ func (pf *peerFlags) series(dir, be, sizes, iters string, wrap []string) ([]benc
 			return nil, err
 		}
 		thread := pf.rawThread
+		// bench-rank queues its ops over hostWindow buffers at once; the
+		// raw loop queues as many, so that both run the same pattern.
+		maxBytes := 0
+		for _, f := range strings.Split(sizes, ",") {
+			b, err := strconv.Atoi(f)
+			if err != nil {
+				return nil, fmt.Errorf("raw libucc loop: bad size %q", f)
+			}
+			maxBytes = max(maxBytes, b)
+		}
+		window := hostWindow(maxBytes)
 		out = append(out, benchSeries{name: rawName, launch: func(n int, pr *progress) ([]benchSample, error) {
 			return launchBench(n, func(port int) []string {
 				shm := fmt.Sprintf("/dev/shm/gocoll-ucc-bench-raw-%d-%d", os.Getpid(), port)
-				return append(append([]string{}, wrap...), bin, "--sizes", sizes, "--iters", iters, "--thread", thread, "--shm", shm)
+				return append(append([]string{}, wrap...), bin, "--sizes", sizes, "--iters", iters, "--thread", thread, "--shm", shm,
+					"--window", strconv.Itoa(window))
 			}, true, rawName, pr)
 		}})
 	}

@@ -6,7 +6,8 @@
 //   dlopen libucc.so.1 -> lib config -> ucc_init_version -> context (OOB
 //   allgather over a shared-memory file) -> team post/test -> per size:
 //   warm-up, barrier, then `iters` times: collective_init, post, test plus
-//   ucc_context_progress until done, finalize.
+//   ucc_context_progress until done, finalize (with --window W, up to W of
+//   them posted at once over W buffers, as bench-rank queues its ops).
 //
 // That per-op sequence is the one the backend runs for every Allreduce
 // (float32 SUM, in place, host memory), so the difference between the two
@@ -17,7 +18,12 @@
 // follow conftest bench-rank's rule, so both loops run the same numbers.
 //
 //   ucc-bench-raw --sizes 8,1048576 [--iters SCALE] [--shm FILE]
-//                 [--thread single|multiple] [--lib PATH]
+//                 [--thread single|multiple] [--lib PATH] [--window W]
+//
+// --window W queues the ops as conftest bench-rank does on the host: W
+// buffers in turn, up to W collectives posted at once, an op waited for
+// only before its buffer is reused, and all at the end (bench-rank's
+// hostWindow; conftest passes the same W). 1: one blocking op at a time.
 //
 // --thread multiple is the backend's thread mode (its ops are posted by the
 // callers' goroutines and progressed by its own); single is what a
@@ -122,11 +128,16 @@ static ucc_status_t (*ctx_progress)(ucc_context_h);
 static ucc_context_h ctx;
 static ucc_team_h team;
 
-// run is one blocking collective: init, post, test plus progress, finalize.
-static void run(ucc_coll_args_t *a) {
+// start inits and posts a collective.
+static ucc_coll_req_h start(ucc_coll_args_t *a) {
 	ucc_coll_req_h req;
 	check("ucc_collective_init", coll_init(a, &req, team));
 	check("ucc_collective_post", coll_post(req));
+	return req;
+}
+
+// finish tests req with progress until it is done, then finalizes it.
+static void finish(ucc_coll_req_h req) {
 	ucc_status_t st;
 	while ((st = ucc_collective_test(req)) == UCC_INPROGRESS || st == UCC_OPERATION_INITIALIZED) {
 		ctx_progress(ctx);
@@ -135,18 +146,46 @@ static void run(ucc_coll_args_t *a) {
 	check("ucc_collective_finalize", coll_finalize(req));
 }
 
+// run is one blocking collective: init, post, test plus progress, finalize.
+static void run(ucc_coll_args_t *a) { finish(start(a)); }
+
+static void allreduce_args(ucc_coll_args_t *a, void *buf, size_t count, ucc_datatype_t dt, ucc_reduction_op_t op) {
+	memset(a, 0, sizeof *a);
+	a->mask = UCC_COLL_ARGS_FIELD_FLAGS;
+	a->flags = UCC_COLL_ARGS_FLAG_IN_PLACE;
+	a->coll_type = UCC_COLL_TYPE_ALLREDUCE;
+	a->op = op;
+	a->src.info.buffer = buf;
+	a->src.info.count = count;
+	a->src.info.datatype = dt;
+	a->src.info.mem_type = UCC_MEMORY_TYPE_HOST;
+	a->dst.info = a->src.info;
+}
+
+// queued is n float32 SUM allreduces over the w buffers bufs in turn,
+// bench-rank's host loop: buffer i % w, its previous op finished before
+// it is reused, every op finished at the end, in post order.
+#define MAX_WINDOW 16
+static void queued(float **bufs, int w, size_t count, long n) {
+	ucc_coll_req_h reqs[MAX_WINDOW];
+	ucc_coll_args_t a;
+	for (long i = 0; i < n; i++) {
+		int k = (int)(i % w);
+		if (i >= w) {
+			finish(reqs[k]);
+		}
+		allreduce_args(&a, bufs[k], count, UCC_DT_FLOAT32, UCC_OP_SUM);
+		reqs[k] = start(&a);
+	}
+	for (long i = n > w ? n - w : 0; i < n; i++) {
+		finish(reqs[i % w]);
+	}
+}
+
+// allreduce is one blocking in-place allreduce.
 static void allreduce(void *buf, size_t count, ucc_datatype_t dt, ucc_reduction_op_t op) {
 	ucc_coll_args_t a;
-	memset(&a, 0, sizeof a);
-	a.mask = UCC_COLL_ARGS_FIELD_FLAGS;
-	a.flags = UCC_COLL_ARGS_FLAG_IN_PLACE;
-	a.coll_type = UCC_COLL_TYPE_ALLREDUCE;
-	a.op = op;
-	a.src.info.buffer = buf;
-	a.src.info.count = count;
-	a.src.info.datatype = dt;
-	a.src.info.mem_type = UCC_MEMORY_TYPE_HOST;
-	a.dst.info = a.src.info;
+	allreduce_args(&a, buf, count, dt, op);
 	run(&a);
 }
 
@@ -175,6 +214,7 @@ static int env_int(const char *name) {
 int main(int argc, char **argv) {
 	const char *sizes = "8", *shm = NULL, *path = getenv("GOCOLL_UCC_LIBRARY"), *thread = "single";
 	double scale = 1;
+	int window = 1;
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (strcmp(argv[i], "--sizes") == 0) {
 			sizes = argv[i + 1];
@@ -186,6 +226,12 @@ int main(int argc, char **argv) {
 			thread = argv[i + 1];
 		} else if (strcmp(argv[i], "--lib") == 0) {
 			path = argv[i + 1];
+		} else if (strcmp(argv[i], "--window") == 0) {
+			window = atoi(argv[i + 1]);
+			if (window < 1 || window > MAX_WINDOW) {
+				fprintf(stderr, "ucc-bench-raw: --window %s: 1 to %d\n", argv[i + 1], MAX_WINDOW);
+				return 2;
+			}
 		} else {
 			fprintf(stderr, "ucc-bench-raw: unknown flag %s\n", argv[i]);
 			return 2;
@@ -293,30 +339,31 @@ int main(int argc, char **argv) {
 		}
 		s = *end == ',' ? end + 1 : end;
 		size_t count = (size_t)b / 4;
-		float *buf = malloc(count * sizeof *buf);
-		for (size_t i = 0; i < count; i++) {
-			buf[i] = 1;
+		float *bufs[MAX_WINDOW];
+		for (int k = 0; k < window; k++) {
+			bufs[k] = malloc(count * sizeof *bufs[k]);
+			for (size_t i = 0; i < count; i++) {
+				bufs[k][i] = 1;
+			}
 		}
 		long base = (256L << 20) / b;
 		base = base < 5 ? 5 : base > 2000 ? 2000 : base;
 		long iters = (long)(scale * (double)base);
 		iters = iters < 3 ? 3 : iters;
 		long warm = iters / 10 < 2 ? 2 : iters / 10;
-		for (long i = 0; i < warm; i++) {
-			allreduce(buf, count, UCC_DT_FLOAT32, UCC_OP_SUM);
-		}
+		queued(bufs, window, count, warm);
 		barrier();
 		double t0 = now_us();
-		for (long i = 0; i < iters; i++) {
-			allreduce(buf, count, UCC_DT_FLOAT32, UCC_OP_SUM);
-		}
+		queued(bufs, window, count, iters);
 		double us = (now_us() - t0) / (double)iters;
 		allreduce(&us, 1, UCC_DT_FLOAT64, UCC_OP_MAX);
 		if (rank == 0) {
 			printf("BENCH %ld %.2f\n", b, us);
 			fflush(stdout);
 		}
-		free(buf);
+		for (int k = 0; k < window; k++) {
+			free(bufs[k]);
+		}
 	}
 	// Teardown is left to process exit: the numbers are out, and UCC's
 	// destroy calls are collective and would only add a wait.
