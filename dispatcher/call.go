@@ -83,7 +83,7 @@ type opCall struct {
 	info    OpInfo
 	backend backend.Backend
 	// Set only while metrics are on: the device type, and the time the op
-	// was numbered (Mono) when the metrics time it (else 0).
+	// was numbered (backend.Mono) when the metrics time it (else 0).
 	dt     tensor.DeviceType
 	issued time.Duration
 }
@@ -172,10 +172,10 @@ func (pg *ProcessGroup) begin(ctx context.Context, op backend.Op, dev tensor.Dev
 		if timed {
 			// The hooks' time serves the metrics too: its monotonic
 			// reading makes Sub read no clock.
-			call.issued = now.Sub(monoEpoch)
+			call.issued = backend.MonoOf(now)
 		}
 	} else if timed {
-		call.issued = Mono()
+		call.issued = backend.Mono()
 	}
 	return call, nil
 }

@@ -69,8 +69,8 @@ type GroupMetrics interface {
 	// Op is called for every op the group numbered, on the issuing
 	// goroutine, after the backend accepted it (w set) or refused it (err
 	// set; *backend.OpError). issued is when the dispatcher numbered it,
-	// on the Mono clock, for the ops TimeEvery asks to time; 0 for the
-	// others. It must be quick and never block: completion is for the
+	// on the backend.Mono clock, for the ops TimeEvery asks to time; 0 for
+	// the others. It must be quick and never block: completion is for the
 	// implementation to follow, off this goroutine.
 	Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w backend.Work, err error)
 	// TimeEvery is asked once, when the group is made: the dispatcher
@@ -83,15 +83,6 @@ type GroupMetrics interface {
 	// dropped.
 	Close()
 }
-
-// monoEpoch is the origin of Mono.
-var monoEpoch = time.Now()
-
-// Mono is the monotonic clock the dispatcher stamps ops with for Metrics:
-// the time since the process loaded the package. It reads the clock once
-// (time.Since of a time with a monotonic reading), where time.Now reads
-// the wall clock too, at twice the cost on a virtual machine.
-func Mono() time.Duration { return time.Since(monoEpoch) }
 
 // MetricsAddrEnv names the variable that turns metrics on when
 // Config.MetricsAddr and Config.Metrics are unset.

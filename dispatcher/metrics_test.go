@@ -91,7 +91,7 @@ func (g fakeGroup) Close() {
 func TestMetricsReported(t *testing.T) {
 	f := &fakeMetrics{}
 	t.Setenv("LOCAL_RANK", "2")
-	before := Mono()
+	before := backend.Mono()
 	pg, err := Init(context.Background(), Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "cpu:reccpu,cuda:reccuda",
 		BackendOptions: map[string]any{"reccpu": &callLog{}, "reccuda": &callLog{}}, Metrics: f, MetricsAddr: "127.0.0.1:9400"})
 	if err != nil {
@@ -145,7 +145,7 @@ func TestMetricsReported(t *testing.T) {
 	}
 	for i, w := range want {
 		o := f.ops[i]
-		if o.group != w.group || o.op != w.op || o.dt != w.dt || o.work != w.ok || (o.err == nil) != w.ok || o.issued < before || o.issued > Mono() {
+		if o.group != w.group || o.op != w.op || o.dt != w.dt || o.work != w.ok || (o.err == nil) != w.ok || o.issued < before || o.issued > backend.Mono() {
 			t.Errorf("op %d: %+v, want %+v", i, o, w)
 		}
 		var oe *backend.OpError

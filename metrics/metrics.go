@@ -31,14 +31,15 @@
 //	gocoll_store_server_sending_bytes                               reply bytes it is writing to clients that have not taken them
 //	gocoll_gpu_*{gpu,uuid}                                          NVML's gauges of the GPUs the process's groups use (GPUSource)
 //
-// What an op's duration measures: from the dispatcher numbering it to the
-// moment this package sees its Work complete. A host backend's Work
-// (backend.HostWork: cpupool, ucc) is seen the instant it completes; a
-// stream backend's (nccl) is polled, at intervals that double from 10 µs to
-// Options.Poll (1 ms), so its figure is within the interval of the truth.
-// Works of one group and device are followed in issue order, which is the
-// order a group's collectives complete in; an op that completes before an
-// older one of its group is seen when the older one is.
+// What an op's duration measures: from the dispatcher numbering it to its
+// completion. A host backend's Work (backend.HostWork: cpupool, ucc)
+// stamps its own completion (CompletedAt), so its figure is exact however
+// late it is looked at; a stream backend's (nccl) is polled, at intervals
+// that double from 10 µs to Options.Poll (1 ms), so its figure is within
+// the interval of the truth. One op in Options.TimeEvery is timed. Works
+// that are not complete at issue are followed, in issue order (the order a
+// group's collectives complete in), by a goroutine per group and device
+// type, which the issuing goroutine does not wake per op (see follower).
 package metrics
 
 import (

@@ -496,3 +496,36 @@ func TestNoNVML(t *testing.T) {
 		t.Errorf("%d info lines about the missing NVML, want 1: %v", n, logs.all())
 	}
 }
+
+// A follower parks after a while without ops; the next op wakes it and
+// is counted, with its latency (every op timed here).
+func TestFollowerParksAndWakes(t *testing.T) {
+	pgs, exps := initRanks(t, 2, dispatcher.Config{}, metrics.Options{TimeEvery: 1})
+	allreduce := func() {
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for r, pg := range pgs {
+			wg.Go(func() {
+				w, err := pg.Allreduce(context.Background(), []*tensor.Tensor{tensor.New(tensor.Float32, 256)}, backend.AllreduceOptions{})
+				if err == nil {
+					err = w.Wait(context.Background())
+				}
+				errs[r] = err
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	labels := map[string]string{"rank": "0", "op": "allreduce"}
+	for want := 1.0; want <= 2; want++ {
+		allreduce()
+		eventually(t, exps[0].Handler(), "allreduce counted", func(f map[string]*dto.MetricFamily) bool {
+			c, _ := value(f, "gocoll_ops_completed_total", labels)
+			l, _ := value(f, "gocoll_op_duration_seconds", labels)
+			return c == want && l == want
+		})
+		time.Sleep(300 * time.Millisecond) // past the follower's idle limit: it parks
+	}
+}
