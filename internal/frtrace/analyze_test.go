@@ -133,11 +133,14 @@ func TestSectionsBounded(t *testing.T) {
 		delete(sections.m, "test-hung")
 		sections.mu.Unlock()
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	// The deadline is long enough for the fast section to answer on a loaded
+	// CI machine; the hung one must still give way to it. The bound below only
+	// catches a collector that ignores ctx altogether.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	t0 := time.Now()
 	got := CollectSections(ctx)
-	if took := time.Since(t0); took > 2*time.Second {
+	if took := time.Since(t0); took > 30*time.Second {
 		t.Fatalf("CollectSections took %v with a hung section", took)
 	}
 	if string(got["test-fast"]) != `{"x":1}` || !strings.Contains(string(got["test-hung"]), "did not answer in time") {
