@@ -244,6 +244,14 @@ func TestMonitorXIDsAndSnapshot(t *testing.T) {
 		t.Fatalf("registered on %d GPUs, notes %q; want 7 and a note on GPU7", registered.Load(), m.Notes())
 	}
 	events <- nvml.EventData{Device: ds[2], EventType: nvml.EventTypeXidCriticalError, EventData: 13}
+	// XID 13 must be stamped before since: wait until the monitor holds it
+	// rather than guessing how long that takes on a loaded machine.
+	for deadline := time.Now().Add(5 * time.Second); len(m.XIDs("", time.Time{})) < 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the monitor never read XID 13")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	time.Sleep(5 * time.Millisecond)
 	since := time.Now()
 	time.Sleep(5 * time.Millisecond)
