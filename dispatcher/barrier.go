@@ -24,6 +24,31 @@ func (pg *ProcessGroup) announce(ctx context.Context) error {
 	return nil
 }
 
+// lookBeforeDeadline records, a tenth of the timeout (at most a second)
+// before deadline, which ranks have not joined yet (pg.joinedEarly), for
+// the init barrier's error. It returns the function that cancels the look.
+func (pg *ProcessGroup) lookBeforeDeadline(deadline time.Time) (stop func()) {
+	lead := min(time.Second, pg.timeout/10)
+	t := time.AfterFunc(time.Until(deadline.Add(-lead)), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), lead)
+		defer cancel()
+		missing, unknown, _ := pg.absent(ctx, pg.joinedKeys())
+		if len(unknown) == 0 {
+			pg.joinedEarly.Store(&missing)
+		}
+	})
+	return func() { t.Stop() }
+}
+
+// joinedKeys are the group's announce keys, one per rank.
+func (pg *ProcessGroup) joinedKeys() []string {
+	keys := make([]string, pg.size)
+	for r := range keys {
+		keys[r] = joinedPrefix + strconv.Itoa(r)
+	}
+	return keys
+}
+
 // storeBarrier waits until every rank of the group has reached the barrier
 // called name, through the store, until deadline. Each rank sets its own
 // key, so that on timeout the error can name the ranks that never arrived
@@ -46,7 +71,9 @@ func (pg *ProcessGroup) storeBarrier(ctx context.Context, name string, deadline 
 			return nil
 		}
 	}
-	if !errors.Is(err, store.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+	if !errors.Is(err, store.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) && time.Now().Before(deadline) {
+		// A store failure before the deadline; past it, whatever the store
+		// says, the barrier has run out of time.
 		return fmt.Errorf("dispatcher: store barrier %q: %w", name, err)
 	}
 	// Ask which keys are missing, with a fresh, short context: ctx may be
@@ -63,21 +90,25 @@ func (pg *ProcessGroup) storeBarrier(ctx context.Context, name string, deadline 
 	e.Detail = fmt.Sprintf("Timed out initializing process group %q in store based barrier: %d of %d ranks arrived; never arrived",
 		pg.desc, pg.size-len(missing)-len(unknown), pg.size)
 	e.Ranks = missing
-	if name == "init" && len(missing) > 0 {
-		joined := make([]string, pg.size)
-		for r := range joined {
-			joined[r] = joinedPrefix + strconv.Itoa(r)
-		}
+	if name == "init" && len(missing)+len(unknown) > 0 {
 		// Of the ranks that did not arrive, name those that never joined:
 		// the others joined and are only late (building their backends).
-		if never, _, _ := pg.absent(cctx, joined); len(never) > 0 {
+		// When the store cannot be asked any more, what it said shortly
+		// before the deadline.
+		never, unsure, _ := pg.absent(cctx, pg.joinedKeys())
+		seen := ""
+		if early := pg.joinedEarly.Load(); len(unsure) > 0 && early != nil {
+			never, unknown = *early, nil
+			seen = fmt.Sprintf(" (seen %v before the deadline; the store could not be asked at it: %v)", min(time.Second, pg.timeout/10), cerr)
+		}
+		if len(never) > 0 {
 			e.Ranks = never
 			late := ""
 			if l := without(missing, never); len(l) > 0 && arrived {
 				late = fmt.Sprintf(" (ranks %v joined but did not reach the barrier in time)", l)
 			}
-			e.Detail = fmt.Sprintf("Timed out initializing process group %q: %d of %d ranks joined%s; never joined",
-				pg.desc, pg.size-len(never), pg.size, late)
+			e.Detail = fmt.Sprintf("Timed out initializing process group %q: %d of %d ranks joined%s%s; never joined",
+				pg.desc, pg.size-len(never), pg.size, late, seen)
 		}
 	}
 	if len(unknown) > 0 {

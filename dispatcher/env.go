@@ -178,6 +178,10 @@ func InitFromEnv(ctx context.Context, cfg Config) (*ProcessGroup, error) {
 	if cfg, err = resolveConfig(cfg, knob.OS); err != nil {
 		return nil, err
 	}
+	// One deadline from here: the store's rendezvous counts against the
+	// Init timeout too, so every rank names a missing one by then.
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
 	if err := resolveMaster(ctx, env.MasterAddr, cfg.Timeout); err != nil {
 		return nil, err
 	}

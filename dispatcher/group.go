@@ -138,6 +138,7 @@ type ProcessGroup struct {
 	closed      atomic.Bool           // ops are refused
 	released    bool                  // Close has released the backends
 	abortReason atomic.Pointer[error] // why Abort was called, kept for later ops
+	joinedEarly atomic.Pointer[[]int] // Init: the ranks not joined shortly before its deadline (lookBeforeDeadline)
 }
 
 // slot holds the backend of one device type, or why it could not be made.
@@ -197,12 +198,21 @@ func initGroup(ctx context.Context, cfg Config, made Metrics) (pg *ProcessGroup,
 	// the barrier): a rank that never comes is named once the timeout has
 	// passed, not after each wait's own timeout in turn.
 	deadline := time.Now().Add(cfg.Timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl // the caller's (InitFromEnv's, counting its rendezvous)
+	}
 	ictx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	if !cfg.SkipInitBarrier {
 		if err := pg.announce(ictx); err != nil {
 			return nil, err
 		}
+		// Who has joined, looked at shortly before the deadline: the
+		// barrier's error falls back on it when the store is gone by the
+		// deadline (rank 0 of InitFromEnv hosts it, and its deadline may
+		// come first).
+		stopLook := pg.lookBeforeDeadline(deadline)
+		defer stopLook()
 	}
 	fro, mono := cfg.FlightRecorder, cfg.Monitor
 	if fro.Entries > 0 {

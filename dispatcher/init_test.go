@@ -92,3 +92,37 @@ func TestBarrierFailedCheckIsNotAnArrival(t *testing.T) {
 		t.Fatalf("message: %v", err)
 	}
 }
+
+// goneStore is a store that stops answering at a time (its host, rank 0
+// of InitFromEnv, gave up first and closed it).
+type goneStore struct {
+	store.Store
+	at time.Time
+}
+
+func (s goneStore) Check(ctx context.Context, keys ...string) (bool, error) {
+	if time.Now().After(s.at) {
+		return false, errors.New("connection refused")
+	}
+	return s.Store.Check(ctx, keys...)
+}
+
+func (s goneStore) Set(ctx context.Context, key string, v []byte) error {
+	if time.Now().After(s.at) {
+		return errors.New("connection refused")
+	}
+	return s.Store.Set(ctx, key, v)
+}
+
+// When the store is gone by the deadline, the rank that never joined is
+// still named, from the look taken shortly before the deadline.
+func TestInitNamesMissingRankWhenStoreIsGone(t *testing.T) {
+	const timeout = 500 * time.Millisecond
+	st := goneStore{Store: store.NewHashStore(), at: time.Now().Add(timeout - 20*time.Millisecond)}
+	_, err := Init(context.Background(), Config{Store: st, Rank: 0, WorldSize: 2, Backend: "waitwire", Timeout: timeout})
+	var oe *backend.OpError
+	if !errors.As(err, &oe) || !slices.Equal(oe.Ranks, []int{1}) || !strings.Contains(err.Error(), "1 of 2 ranks joined") ||
+		!strings.Contains(err.Error(), "before the deadline") {
+		t.Fatalf("want rank 1 named from the early look, got %v", err)
+	}
+}
