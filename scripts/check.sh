@@ -17,6 +17,11 @@ if go list -deps ./backend | grep -qx 'github.com/gocoll/gocoll/cuda'; then
 	echo "backend must not depend on cuda" >&2
 	exit 1
 fi
+# Metrics are opt-in: only package metrics links Prometheus's client.
+if go list -deps ./dispatcher ./backends/cpupool ./store | grep -q 'github.com/prometheus/'; then
+	echo "dispatcher, cpupool and store must not depend on prometheus (package metrics does)" >&2
+	exit 1
+fi
 
 echo "== go vet"
 go vet ./...
