@@ -250,9 +250,11 @@ type pendingOp struct {
 type follower struct {
 	g      *group
 	mu     sync.Mutex
-	q      []pendingOp
+	q      []pendingOp   // pushed, not yet taken; guarded by mu
 	parked bool          // the follower waits on wake; guarded by mu
 	wake   chan struct{} // a push onto the parked follower
+	batch  []pendingOp   // the follower's own: taken from q
+	at     int           // the next of batch
 }
 
 // idleLimit is how long a follower looks for work before it parks.
@@ -273,21 +275,29 @@ func (f *follower) push(p pendingOp) {
 }
 
 // next returns the oldest pending op, looking for one as the type says;
-// false once the group or the Exporter is closed.
+// false once the group or the Exporter is closed. It takes the queue a
+// batch at a time, swapping its slice for the drained one, so that the
+// issuing goroutine meets the lock once per batch and appends without
+// allocating.
 func (f *follower) next(timer *time.Timer) (pendingOp, bool) {
 	poll := 10 * time.Microsecond
 	var idle time.Duration // since the queue was last found empty, roughly
 	for {
+		if f.at < len(f.batch) {
+			p := f.batch[f.at]
+			f.batch[f.at] = pendingOp{}
+			f.at++
+			return p, true
+		}
 		f.mu.Lock()
 		if len(f.q) > 0 {
-			p := f.q[0]
-			f.q[0] = pendingOp{}
-			f.q = f.q[1:]
-			if len(f.q) == 0 {
-				f.q = f.q[:0:0] // let the backing array go once drained
-			}
+			f.batch, f.q = f.q, f.batch[:0]
+			f.at = 0
 			f.mu.Unlock()
-			return p, true
+			continue
+		}
+		if cap(f.batch) > 4096 { // a burst grew it: let it go
+			f.batch = nil
 		}
 		park := idle >= idleLimit
 		f.parked = park
