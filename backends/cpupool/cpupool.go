@@ -144,6 +144,14 @@ type Backend struct {
 	stopped     error // set by Close (ErrClosed) or Abort
 	senders     []*sender
 
+	// The lane ops' turns (lanes.go): tickets are taken under laneMu with
+	// the tag; laneDone is the ticket whose turn it is; laneSkip holds
+	// tickets that gave up waiting for it.
+	laneMu     sync.Mutex
+	laneIssued uint64
+	laneDone   atomic.Uint64
+	laneSkip   map[uint64]bool
+
 	// wd decides what a timed-out op leads to (the dump, once per backend:
 	// the first timeout is the one worth it), as it does for nccl's
 	// watchdog; cpupool finds its timeouts itself, as the op's deadline
@@ -456,6 +464,8 @@ type job struct {
 	run     func(ctx context.Context, tag uint64) error
 	poll    tcpmesh.OpPoll
 	fp      tcpmesh.Fingerprint // what the op's frames say about it
+	lane    bool   // the op runs over the lanes (lanes.go)
+	ticket  uint64 // its turn among the lane ops
 }
 
 func (b *Backend) worker() {
@@ -472,7 +482,7 @@ func (b *Backend) worker() {
 func (b *Backend) runJob(j *job) {
 	j.w.MarkStarted()
 	ctx := j.ctx
-	if j.tag != 0 && j.tag < p2pBit {
+	if j.tag != 0 && j.tag < p2pBit && !j.lane {
 		// This goroutine reads the op's messages itself (see OpPoll), and
 		// the op's frames carry its fingerprint.
 		j.poll.Tag, j.poll.FP = j.tag, j.fp

@@ -532,3 +532,58 @@ func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 func futexWake(addr *atomic.Uint32) {
 	_, _, _ = syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp, 1<<30, 0, 0, 0)
 }
+
+// Await waits until at least n bytes are buffered, for a consumer that
+// reads the ring itself (no reader goroutine, no pollers): it polls for up
+// to spin (yielding between polls: an op in flight expects its message
+// within microseconds, and a futex wake-up costs more than that), then
+// sleeps on the futex in slices of at most slice, calling check (when
+// not nil) between them so that the caller can give up for reasons of its
+// own. It fails with ErrClosed, with ErrPeerDead once the peer is dead and
+// fewer than n bytes remain, with ctx's error, or with check's.
+func (r *Ring) Await(ctx context.Context, n int, spin, slice time.Duration, check func() error) error {
+	need := uint64(n)
+	var start time.Time
+	for i := 0; ; i++ {
+		dead := r.dead.Load()
+		if r.tail.Load()-r.head.Load() >= need {
+			return nil
+		}
+		if r.closed.Load() {
+			return ErrClosed
+		}
+		if dead {
+			return ErrPeerDead
+		}
+		if spin > 0 {
+			if i&15 == 15 { // the clock costs more than a poll: read it now and then
+				if start.IsZero() {
+					start = time.Now()
+				} else if time.Since(start) > spin {
+					spin = 0
+				}
+			}
+			runtime.Gosched()
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("shm: waiting for %d bytes: %w", n, err)
+		}
+		if check != nil {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+		d := slice
+		if dl, ok := ctx.Deadline(); ok {
+			d = min(d, time.Until(dl)+time.Millisecond)
+		}
+		r.consWait.Store(1)
+		seq := r.dataSeq.Load()
+		// Announcing before checking (seq-cst) pairs with publish.
+		if r.tail.Load()-r.head.Load() < need && !r.closed.Load() && !r.dead.Load() {
+			futexWait(r.dataSeq, seq, max(d, time.Microsecond))
+		}
+		r.consWait.Store(0)
+	}
+}

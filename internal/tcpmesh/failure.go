@@ -276,6 +276,9 @@ func (m *Mesh) AbortBecause(err error, root int) {
 			if p.pair != nil {
 				p.pair.Close() // unblock this side's ring waits
 			}
+			if p.lane != nil {
+				p.lane.Close()
+			}
 		}
 	}
 }

@@ -140,6 +140,7 @@ type Mesh struct {
 	failed     map[uint64]error       // tags a peer gave up (*RemoteOpError), or whose messages this rank refused
 	fps        map[uint64]Fingerprint // the running ops' fingerprints, by tag (BeginOp)
 	shmPeers   int                    // peers reached through shared memory
+	lanes      bool                   // every peer has a lane (lanes.go)
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
 
@@ -178,6 +179,14 @@ type peer struct {
 	wbuf []byte
 	bufs net.Buffers
 	dl   bool // a write deadline is set
+
+	// The lane (lanes.go), nil without one. laneMu is read-held by lane
+	// calls; closeLane takes it to unmap, after which laneGone is set.
+	lane     *shm.Pair
+	laneMu   sync.RWMutex
+	laneGone bool
+	lhdr     [laneHdr]byte // LaneSend's header (one op at a time uses the lanes)
+	lrhdr    [laneHdr]byte // LaneRecv's
 }
 
 // Connect builds the mesh. It blocks until every connection is up or the
@@ -240,15 +249,23 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 				if p.pair != nil {
 					_ = p.pair.Unmap()
 				}
+				if p.lane != nil {
+					_ = p.lane.Unmap()
+				}
 			}
 		}
 		return nil, err
 	}
+	lanes := 0
 	for _, p := range m.peers {
 		if p != nil && p.pair != nil {
 			m.shmPeers++
 		}
+		if p != nil && p.lane != nil {
+			lanes++
+		}
 	}
+	m.lanes = lanes == m.size-1
 	local := 1 + m.shmPeers
 	oversubscribed := local > runtime.NumCPU()
 	if m.cfg.PollSpin == 0 {
@@ -334,6 +351,11 @@ func (m *Mesh) Close() error {
 		p.rmu.Unlock()
 		p.wmu.Unlock()
 		p.mapMu.Unlock()
+	}
+	for _, p := range m.peers {
+		if p != nil {
+			p.closeLane()
+		}
 	}
 	return nil
 }

@@ -116,7 +116,7 @@ func (m *Mesh) offerShm(ctx context.Context, p *peer, id string) (err error) {
 		p.pair = pair
 	}
 	p.r = p.pair.In
-	return nil
+	return m.offerLane(ctx, p)
 }
 
 func writeStr(c net.Conn, s string) error {
@@ -240,6 +240,9 @@ func (m *Mesh) watch(p *peer) {
 	for {
 		if _, err := p.conn.Read(b[:]); err != nil {
 			p.pair.MarkDead()
+			if p.lane != nil {
+				p.lane.MarkDead()
+			}
 			return
 		}
 	}

@@ -1,0 +1,148 @@
+package cpupool
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/coll"
+	"github.com/gocoll/gocoll/internal/reduce"
+	"github.com/gocoll/gocoll/internal/tcpmesh"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// The lane fast path. When every peer shares this host (and memory), an
+// allreduce of up to laneBytes runs over the mesh's lanes
+// (tcpmesh.LaneSend, LaneRecv; coll.AllreduceLanes): recursive doubling
+// whose receives reduce straight out of shared memory on the op's own
+// goroutine, which is the caller's when it waits for the op (work.Wait
+// runs the job inline), so a small allreduce crosses no goroutine and no
+// system call. Lane ops are serialized in issue order by a ticket taken
+// with the tag, since the lanes carry one op's messages at a time; every
+// rank decides the same way (the decision depends on the op and its size
+// only), and a rank that decided otherwise because its size differs is
+// caught (laneCheck sees its ring message and names it).
+
+// laneBytes is the largest allreduce that takes the lanes: beyond, the
+// ring's bandwidth wins over recursive doubling's fewer steps.
+func (b *Backend) laneBytes() int {
+	return min(b.comm.Small, tcpmesh.LaneMax, b.opts.SmallBytes)
+}
+
+// lanesFor reports whether an allreduce of n bytes takes the lanes.
+func (b *Backend) lanesFor(n int) bool {
+	return b.cfg.WorldSize > 1 && b.mesh.Lanes() && n > 0 && n <= b.laneBytes()
+}
+
+// laneOp is one lane op's view of the mesh: its tag and fingerprint bound
+// to coll.Lanes' calls.
+type laneOp struct {
+	b   *Backend
+	tag uint64
+	fp  tcpmesh.Fingerprint
+}
+
+func (l *laneOp) Rank() int { return l.b.cfg.Rank }
+func (l *laneOp) Size() int { return l.b.cfg.WorldSize }
+
+func (l *laneOp) Send(ctx context.Context, peer int, buf []byte) error {
+	return l.b.mesh.LaneSend(ctx, peer, l.tag, l.fp, buf)
+}
+
+func (l *laneOp) Recv(ctx context.Context, peer int, n, unit int, fn func(off int, src []byte)) error {
+	return l.b.mesh.LaneRecv(ctx, peer, l.tag, l.fp, n, unit, fn, func() error { return l.b.mesh.TagError(peer, l.tag, n) })
+}
+
+// laneTurn waits until the lane op with ticket t may run: every earlier
+// one has finished or given up. Workers pop jobs in issue order, so the
+// earlier ones are running already; the wait is short, and it polls.
+func (b *Backend) laneTurn(ctx context.Context, t uint64) error {
+	for i := 0; b.laneDone.Load() != t; i++ {
+		if i < 64 {
+			runtime.Gosched()
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			b.laneGiveUp(t)
+			return fmt.Errorf("cpupool: waiting for the earlier lane ops: %w", err)
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+	return nil
+}
+
+// laneEnd passes the turn on after the lane op whose turn it was, past
+// the tickets that gave up waiting.
+func (b *Backend) laneEnd() {
+	b.laneMu.Lock()
+	defer b.laneMu.Unlock()
+	d := b.laneDone.Load() + 1
+	for b.laneSkip[d] {
+		delete(b.laneSkip, d)
+		d++
+	}
+	b.laneDone.Store(d)
+}
+
+// laneGiveUp gives ticket t's turn up without running: if it has come
+// meanwhile it is passed on, else it will be skipped.
+func (b *Backend) laneGiveUp(t uint64) {
+	b.laneMu.Lock()
+	if b.laneDone.Load() != t {
+		if b.laneSkip == nil {
+			b.laneSkip = map[uint64]bool{}
+		}
+		b.laneSkip[t] = true
+		b.laneMu.Unlock()
+		return
+	}
+	b.laneMu.Unlock()
+	b.laneEnd()
+}
+
+// allreduceLanes issues an allreduce that takes the lanes.
+func (b *Backend) allreduceLanes(ctx context.Context, m backend.Meta, fp tcpmesh.Fingerprint, tensors []*tensor.Tensor, bufs [][]byte, k reduce.Kernel) (backend.Work, error) {
+	var lo laneOp
+	return b.collectiveLane(ctx, backend.OpAllreduce, m, fp, tensors, func(ctx context.Context, tag uint64) error {
+		buf := combineLocal(k, bufs, 0)
+		lo = laneOp{b: b, tag: tag, fp: fp}
+		if err := coll.AllreduceLanes(ctx, &lo, buf, k); err != nil {
+			return err
+		}
+		b.post(k, buf, b.cfg.WorldSize*len(bufs))
+		for _, o := range bufs[1:] {
+			copy(o, buf)
+		}
+		return nil
+	})
+}
+
+// collectiveLane is collective for a lane op: the ticket is taken with
+// the tag, and the job runs in its turn.
+func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.Meta, fp tcpmesh.Fingerprint, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) (backend.Work, error) {
+	if err := b.usable(op, m.Seq); err != nil {
+		return nil, err
+	}
+	var j *job
+	j = b.newJob(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
+		if err := b.laneTurn(ctx, j.ticket); err != nil {
+			return err
+		}
+		defer b.laneEnd()
+		return run(ctx, tag)
+	})
+	j.lane, j.fp = true, fp
+	b.laneMu.Lock()
+	j.tag = b.issued.Add(1)
+	j.ticket = b.laneIssued
+	b.laneIssued++
+	b.laneMu.Unlock()
+	b.track(j.w)
+	if !b.q.push(j) {
+		j.cancel()
+		return nil, b.usable(op, m.Seq)
+	}
+	return &work{HostWork: j.w, b: b, j: j}, nil
+}

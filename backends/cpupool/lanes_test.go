@@ -1,0 +1,226 @@
+package cpupool_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/backends/cpupool"
+	"github.com/gocoll/gocoll/reduceop"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// TestLaneAllreduce runs the lane fast path (every peer in shared memory,
+// buffers up to SmallBytes) at world sizes 2, 3 (the fold of recursive
+// doubling) and 4, for every dtype and every reduce op the dtype takes,
+// with odd lengths so that frames pad; values are small integers, so
+// every order of combining gives the exact answer, which is computed here
+// independently of the kernels. It also checks that several tensors in
+// one call, and the SUM of many consecutive ops (tags in a row on the
+// lanes, stragglers none), come out right.
+func TestLaneAllreduce(t *testing.T) {
+	ctx := context.Background()
+	ops := []reduceop.ReduceOp{backend.SUM, backend.PRODUCT, backend.MIN, backend.MAX, backend.AVG, backend.BAND, backend.BOR, backend.BXOR}
+	for _, n := range []int{2, 3, 4} {
+		bs := group(t, n, &cpupool.Options{Transport: "shm"})
+		for _, dt := range tensor.DTypes() {
+			for _, op := range ops {
+				if op.ValidFor(dt) != nil || (dt == tensor.Bool && op.Type == reduceop.Avg) {
+					continue // bool's AVG is the ring's kernel too: collectives_test covers it
+				}
+				each(t, bs, func(r int, b backend.Backend) error {
+					const elems = 37
+					val := func(rank, i int) float64 {
+						if dt == tensor.Bool {
+							return float64((i + rank) % 2)
+						}
+						return float64((i+rank)%3 + 1)
+					}
+					vals := make([]float64, elems)
+					for i := range vals {
+						vals[i] = val(r, i)
+					}
+					x, err := tensor.FromFloat64s(dt, vals)
+					if err != nil {
+						return err
+					}
+					w, err := b.Allreduce(ctx, backend.Meta{Timeout: 20 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{ReduceOp: op})
+					if err != nil {
+						return err
+					}
+					if err := w.Wait(ctx); err != nil {
+						return err
+					}
+					got, _ := x.Float64s()
+					for i, v := range got {
+						want := laneExpect(dt, op, n, func(rank int) float64 { return val(rank, i) })
+						if v != want && !(dt == tensor.Bool && (v != 0) == (want != 0)) {
+							return fmt.Errorf("world %d %v %v rank %d: element %d = %v, want %v", n, dt, op, r, i, v, want)
+						}
+					}
+					return nil
+				})
+			}
+		}
+		each(t, bs, func(r int, b backend.Backend) error {
+			xs := []*tensor.Tensor{tensor.New(tensor.Int64, 5), tensor.New(tensor.Int64, 5)}
+			for k := range 200 {
+				xs[0].Fill(float64(r + k))
+				xs[1].Fill(1)
+				w, err := b.Allreduce(ctx, backend.Meta{Timeout: 20 * time.Second}, xs, backend.AllreduceOptions{})
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(ctx); err != nil {
+					return err
+				}
+				want := float64(n*(n-1)/2 + n*k + n)
+				for _, x := range xs {
+					if got := x.At(4); got != want {
+						return fmt.Errorf("world %d rank %d op %d: %v, want %v", n, r, k, got, want)
+					}
+				}
+			}
+			return nil
+		})
+	}
+}
+
+// laneExpect is op over the n ranks' values, as the dtype holds it.
+func laneExpect(dt tensor.DType, op reduceop.ReduceOp, n int, v func(rank int) float64) float64 {
+	acc := v(0)
+	for r := 1; r < n; r++ {
+		x := v(r)
+		switch op.Type {
+		case reduceop.Sum, reduceop.Avg:
+			acc += x
+		case reduceop.Product:
+			acc *= x
+		case reduceop.Min:
+			acc = math.Min(acc, x)
+		case reduceop.Max:
+			acc = math.Max(acc, x)
+		case reduceop.BAnd:
+			acc = float64(int64(acc) & int64(x))
+		case reduceop.BOr:
+			acc = float64(int64(acc) | int64(x))
+		case reduceop.BXor:
+			acc = float64(int64(acc) ^ int64(x))
+		}
+	}
+	if op.Type == reduceop.Avg {
+		acc /= float64(n)
+		if !dt.IsFloat() {
+			acc = math.Trunc(acc)
+		}
+	}
+	// Narrow floats round the result (every partial result of these
+	// values before the last combine is exact): compare what the dtype
+	// holds.
+	t, _ := tensor.FromFloat64s(dt, []float64{acc})
+	return t.At(0)
+}
+
+// TestLaneMismatch: ranks that disagree on a lane op (the dtype, or the
+// size, including a size that sends one rank the slow way) fail on every
+// rank with ErrInvalidArgument, quickly, and the group goes on working.
+func TestLaneMismatch(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		dts   []tensor.DType
+		elems []int
+	}{
+		{"dtype", []tensor.DType{tensor.Float32, tensor.Int32}, []int{8, 8}},
+		{"size", []tensor.DType{tensor.Float32, tensor.Float32, tensor.Float32}, []int{8, 8, 9}},
+		{"lane vs ring", []tensor.DType{tensor.Float32, tensor.Float32}, []int{8, 1 << 18}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bs := group(t, len(tc.elems), &cpupool.Options{Transport: "shm"})
+			errs := make([]error, len(bs))
+			start := time.Now()
+			var wg sync.WaitGroup
+			for r, b := range bs {
+				wg.Go(func() {
+					x := tensor.New(tc.dts[r], tc.elems[r])
+					w, err := b.Allreduce(ctx, backend.Meta{Timeout: 15 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+					if err == nil {
+						err = w.Wait(ctx)
+					}
+					errs[r] = err
+				})
+			}
+			wg.Wait()
+			if el := time.Since(start); el > 5*time.Second {
+				t.Errorf("took %v: a rank waited for its timeout", el)
+			}
+			for r, err := range errs {
+				if !errors.Is(err, backend.ErrInvalidArgument) {
+					t.Errorf("rank %d: want ErrInvalidArgument, got %v", r, err)
+				}
+			}
+			each(t, bs, func(r int, b backend.Backend) error {
+				x, _ := tensor.FromSlice([]float32{1, float32(r)})
+				w, err := b.Allreduce(ctx, backend.Meta{Timeout: 15 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(ctx); err != nil {
+					return err
+				}
+				n := len(bs)
+				if got, _ := tensor.ToSlice[float32](x); got[0] != float32(n) || got[1] != float32(n*(n-1)/2) {
+					return fmt.Errorf("rank %d: allreduce after the failure: %v", r, got)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestIdleGroupCPU measures what an idle group costs: two ranks on shared
+// memory, after a burst of small ops (so that every spinning path has
+// run), must use at most 1 % of a core each while nobody issues anything.
+func TestIdleGroupCPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures for 2 s")
+	}
+	ctx := context.Background()
+	bs := group(t, 2, &cpupool.Options{Transport: "shm"})
+	each(t, bs, func(r int, b backend.Backend) error {
+		x := tensor.New(tensor.Float32, 2)
+		for range 100 {
+			w, err := b.Allreduce(ctx, backend.Meta{Timeout: 10 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+			if err != nil {
+				return err
+			}
+			if err := w.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	time.Sleep(300 * time.Millisecond) // let the polls run out
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	const span = 2 * time.Second
+	c0, w0 := cpu(), time.Now()
+	time.Sleep(span)
+	used, wall := cpu()-c0, time.Since(w0)
+	share := float64(used) / float64(wall) / 2 // per rank
+	t.Logf("idle: %v of CPU in %v for 2 ranks: %.3f %% of a core per rank", used, wall.Round(time.Millisecond), 100*share)
+	if share > 0.01 {
+		t.Errorf("an idle rank uses %.2f %% of a core (want <= 1 %%)", 100*share)
+	}
+}

@@ -1,0 +1,79 @@
+package coll
+
+import (
+	"context"
+	"math/bits"
+
+	"github.com/gocoll/gocoll/internal/reduce"
+)
+
+// Lanes is the fast path of small collectives between ranks of one host
+// (tcpmesh's lanes): one op at a time, in issue order on every rank, so a
+// message needs no tag matching, and a receive reads (or reduces) the
+// payload in place, from shared memory, on the op's goroutine. The
+// implementation binds the op (tag, and what it is) to the calls.
+type Lanes interface {
+	// Rank is this rank, in [0, Size).
+	Rank() int
+	// Size is the number of ranks.
+	Size() int
+	// Send sends buf to peer; it returns once buf may be reused.
+	Send(ctx context.Context, peer int, buf []byte) error
+	// Recv receives peer's message of n bytes and hands it to fn in runs
+	// of whole units of unit bytes (off is the run's offset).
+	Recv(ctx context.Context, peer int, n, unit int, fn func(off int, src []byte)) error
+}
+
+// AllreduceLanes is recursive doubling over lanes (as allreduceRD, with
+// the same fold of a world size that is not a power of two): every
+// exchange sends the whole buffer and combines the peer's straight out of
+// shared memory, so a small allreduce costs one copy in and one reduction
+// per step, and no goroutine wake-up. Every rank computes bit-identical
+// results, as Combine is commutative and the partners combine the same
+// two operands.
+func AllreduceLanes(ctx context.Context, t Lanes, buf []byte, k reduce.Kernel) error {
+	n, r := t.Size(), t.Rank()
+	if n <= 1 || len(buf) == 0 {
+		return nil
+	}
+	e := k.ElemSize
+	combine := func(off int, src []byte) { k.Combine(buf[off:off+len(src)], src) }
+	p := 1 << (bits.Len(uint(n)) - 1)
+	rem := n - p
+	newrank := r - rem
+	if r < 2*rem {
+		if r%2 == 0 {
+			if err := t.Send(ctx, r+1, buf); err != nil {
+				return err
+			}
+			newrank = -1
+		} else {
+			if err := t.Recv(ctx, r-1, len(buf), e, combine); err != nil {
+				return err
+			}
+			newrank = r / 2
+		}
+	}
+	if newrank >= 0 {
+		for mask := 1; mask < p; mask <<= 1 {
+			nd := newrank ^ mask
+			dst := nd + rem
+			if nd < rem {
+				dst = nd*2 + 1
+			}
+			if err := t.Send(ctx, dst, buf); err != nil {
+				return err
+			}
+			if err := t.Recv(ctx, dst, len(buf), e, combine); err != nil {
+				return err
+			}
+		}
+	}
+	if r < 2*rem {
+		if r%2 == 0 {
+			return t.Recv(ctx, r+1, len(buf), e, func(off int, src []byte) { copy(buf[off:], src) })
+		}
+		return t.Send(ctx, r-1, buf)
+	}
+	return nil
+}

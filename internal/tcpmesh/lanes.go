@@ -1,0 +1,253 @@
+package tcpmesh
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/gocoll/gocoll/internal/shm"
+)
+
+// Lanes: the fast path of small collectives between ranks of one host.
+//
+// Every shared-memory peer gets a second pair of rings, its lane, that no
+// reader goroutine watches: the op's own goroutine writes its messages
+// into the peer's lane and reads (and reduces) the peer's straight out of
+// its own, with no tag matching, no unexpected-message buffers and no
+// goroutine wake-up. That is safe because lane messages are used by one op
+// at a time, in issue order, on every rank (the backend serializes its
+// lane ops), so the next message in a lane is always the one the op wants;
+// the header still says which op it belongs to (tag, and what the op is),
+// so a rank that disagrees is caught rather than misread.
+//
+// A lane message is one frame: a 32-byte header (tag, payload length,
+// element count, op, dtype, reduce op, source rank) and the payload,
+// padded to 8 bytes, published at once (messages are at most half the
+// ring, so a write waits only for the previous op's message to be read).
+// Messages of an earlier tag are stragglers of an op that failed on this
+// rank and are skipped; a later tag means the peer has moved past the op.
+
+const (
+	laneHdr   = 32
+	laneMagic = 0x4c // 'L', in byte 27 of the header
+	// LaneRingBytes is the capacity of each direction of a lane.
+	LaneRingBytes = 1 << 20
+	// laneSlice bounds a parked lane wait, so that the caller's check (a
+	// peer gave the op up, or sent it the slow way) runs now and then.
+	laneSlice = 2 * time.Millisecond
+)
+
+// LaneMax is the largest payload a lane message may carry.
+const LaneMax = LaneRingBytes/2 - laneHdr - 8
+
+// offerLane sets the lane up with a peer whose rings are mapped already,
+// over the same connection and in the same way (the lower rank creates
+// and unlinks). A lane that cannot be made leaves the peer without one:
+// its ops take the rings.
+func (m *Mesh) offerLane(ctx context.Context, p *peer) error {
+	c := p.conn
+	fail := func(err error) error {
+		return fmt.Errorf("tcpmesh: rank %d, lane with rank %d: %w", m.rank, p.rank, err)
+	}
+	if m.rank < p.rank {
+		pair, path, cerr := shm.Create(fmt.Sprintf("gocoll-%d-%d-%d-lane-", os.Getpid(), m.rank, p.rank), LaneRingBytes)
+		if cerr != nil {
+			path = ""
+		}
+		if err := writeStr(c, path); err != nil {
+			if pair != nil {
+				_ = shm.Unlink(path)
+				_ = pair.Unmap()
+			}
+			return fail(err)
+		}
+		if cerr != nil {
+			return nil
+		}
+		var ack [1]byte
+		_, rerr := io.ReadFull(c, ack[:])
+		_ = shm.Unlink(path)
+		if rerr != nil || ack[0] != 1 {
+			_ = pair.Unmap()
+			if rerr != nil {
+				return fail(rerr)
+			}
+			return nil
+		}
+		p.lane = pair
+		return nil
+	}
+	path, err := readStr(c)
+	if err != nil {
+		return fail(err)
+	}
+	if path == "" {
+		return nil
+	}
+	pair, oerr := shm.Open(path)
+	ack := []byte{1}
+	if oerr != nil {
+		ack[0] = 0
+	}
+	if _, err := c.Write(ack); err != nil {
+		if pair != nil {
+			_ = pair.Unmap()
+		}
+		return fail(err)
+	}
+	if oerr == nil {
+		p.lane = pair
+	}
+	return nil
+}
+
+// Lanes reports whether every peer has a lane, so that the backend may run
+// collectives over them (LaneSend, LaneRecv).
+func (m *Mesh) Lanes() bool { return m.lanes }
+
+// LaneSend writes buf to peer's lane as the message of the op with tag,
+// described by fp (the same fingerprint as the rings' frames carry). It waits only while the peer's previous message is
+// unread.
+func (m *Mesh) LaneSend(ctx context.Context, peer int, tag uint64, fp Fingerprint, buf []byte) error {
+	if len(buf) > LaneMax {
+		return fmt.Errorf("tcpmesh: lane message of %d bytes exceeds %d", len(buf), LaneMax)
+	}
+	p := m.peers[peer]
+	p.laneMu.RLock()
+	defer p.laneMu.RUnlock()
+	if p.laneGone {
+		return m.errOr(ErrClosed)
+	}
+	h := p.lhdr[:]
+	binary.LittleEndian.PutUint64(h[0:], tag)
+	binary.LittleEndian.PutUint64(h[8:], uint64(len(buf)))
+	binary.LittleEndian.PutUint64(h[16:], fp.Count)
+	h[24], h[25], h[26], h[27] = fp.Op, fp.DType, fp.ReduceOp, laneMagic
+	binary.LittleEndian.PutUint32(h[28:], uint32(m.rank))
+	if err := p.lane.Out.Write(ctx, h, buf, framePad(len(buf))); err != nil {
+		return m.laneErr(p, err)
+	}
+	return nil
+}
+
+// LaneRecv reads the message of the op with tag from peer's lane: it
+// checks that the peer describes the op as fp does and sent n bytes, then hands
+// the payload to fn in runs of whole units of unit bytes (off is the run's
+// offset in the payload), straight from shared memory, and releases it.
+// check, when not nil, is called while the receive is parked; its error
+// ends the wait (a peer gave the op up, say).
+func (m *Mesh) LaneRecv(ctx context.Context, peer int, tag uint64, fp Fingerprint, n, unit int, fn func(off int, src []byte), check func() error) error {
+	p := m.peers[peer]
+	p.laneMu.RLock()
+	defer p.laneMu.RUnlock()
+	if p.laneGone {
+		return m.errOr(ErrClosed)
+	}
+	in := p.lane.In
+	h := p.lrhdr[:]
+	for {
+		if err := in.Await(ctx, laneHdr, m.cfg.PollSpin, laneSlice, check); err != nil {
+			return m.laneErr(p, err)
+		}
+		in.Peek(h)
+		if h[27] != laneMagic || int(binary.LittleEndian.Uint32(h[28:])) != peer {
+			err := &PeerError{Rank: peer, Err: errors.New("corrupt lane frame")}
+			m.fail(err)
+			return err
+		}
+		got := binary.LittleEndian.Uint64(h[0:])
+		ln := int(binary.LittleEndian.Uint64(h[8:]))
+		theirs := Fingerprint{Op: h[24], DType: h[25], ReduceOp: h[26], Count: binary.LittleEndian.Uint64(h[16:])}
+		whole := laneHdr + ln + framePad(ln)
+		if got > tag {
+			// The peer is past this op (it gave it up, or never ran it
+			// here): leave its message to the op it belongs to.
+			return &RemoteOpError{Rank: peer, Tag: tag, Reason: fmt.Sprintf("rank %d moved on to a later op (tag %d) without sending this one's message", peer, got)}
+		}
+		// A message is published whole: once its header is there, so is
+		// the rest.
+		if err := in.Await(ctx, whole, m.cfg.PollSpin, laneSlice, check); err != nil {
+			return m.laneErr(p, err)
+		}
+		if got < tag {
+			in.Consume(whole) // a straggler of an op that failed here
+			continue
+		}
+		if theirs.mismatch(fp) {
+			in.Consume(whole)
+			err := &MismatchError{Rank: peer, Tag: tag, Theirs: theirs, Ours: fp}
+			m.refuseTag(tag, err)
+			return err
+		}
+		if ln != n {
+			in.Consume(whole)
+			err := &SizeError{Rank: peer, Tag: tag, Got: ln, Want: n}
+			m.refuseTag(tag, err)
+			return err
+		}
+		in.Consume(laneHdr)
+		for off := 0; off < n; {
+			src, err := in.NextUnits(n-off, unit)
+			if err != nil {
+				return m.laneErr(p, err)
+			}
+			fn(off, src)
+			in.Consume(len(src))
+			off += len(src)
+		}
+		in.Consume(framePad(n))
+		return nil
+	}
+}
+
+// laneErr turns a ring error on p's lane into the mesh's error: a dead
+// peer breaks the mesh, as a failed connection does.
+func (m *Mesh) laneErr(p *peer, err error) error {
+	switch {
+	case errors.Is(err, shm.ErrClosed):
+		return m.errOr(ErrClosed)
+	case errors.Is(err, shm.ErrPeerDead):
+		perr := &PeerError{Rank: p.rank, Err: fmt.Errorf("connection closed: %w", err)}
+		m.fail(perr)
+		return m.errOr(perr)
+	}
+	return err
+}
+
+// closeLane makes p's lane waits fail and unmaps it once no lane call
+// runs.
+func (p *peer) closeLane() {
+	if p.lane == nil {
+		return
+	}
+	p.lane.Close()
+	p.laneMu.Lock()
+	if !p.laneGone {
+		p.laneGone = true
+		_ = p.lane.Unmap()
+	}
+	p.laneMu.Unlock()
+}
+
+// TagError is why a lane receive from peer of the op with tag (want
+// bytes) should stop waiting, or nil: the mesh broke, a rank gave the op
+// up (FailTag), or the peer sent the op's messages over the rings, which
+// it does when its buffer is too large for the lanes: the sizes differ.
+func (m *Mesh) TagError(peer int, tag uint64, want int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.broken != nil {
+		return m.broken
+	}
+	if e := m.failed[tag]; e != nil {
+		return e
+	}
+	if l, ok := m.unexpected[key{peer, tag}]; ok && l.head != nil {
+		return &SizeError{Rank: peer, Tag: tag, Got: len(l.head.buf), Want: want}
+	}
+	return nil
+}
