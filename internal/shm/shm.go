@@ -587,3 +587,14 @@ func (r *Ring) Await(ctx context.Context, n int, spin, slice time.Duration, chec
 		r.consWait.Store(0)
 	}
 }
+
+// PeekStable is Peek for a goroutine other than the consumer: it reports
+// false, too, when the consumer moved on while it copied (the bytes may
+// then be torn).
+func (r *Ring) PeekStable(p []byte) bool {
+	h := r.head.Load()
+	if !r.Peek(p) {
+		return false
+	}
+	return r.head.Load() == h
+}

@@ -251,3 +251,26 @@ func (m *Mesh) TagError(peer int, tag uint64, want int) error {
 	}
 	return nil
 }
+
+// laneConflict is the mismatch of a receive of the op with tag (described
+// by fp) from peer over the rings when the peer runs that op over its
+// lane instead (its lane message for tag waits in this rank's lane), or
+// nil. The look is read-only and may race this rank's lane ops, which is
+// why the header is read stably.
+func (m *Mesh) laneConflict(peer int, tag uint64, fp Fingerprint) error {
+	p := m.peers[peer]
+	if p == nil || p.lane == nil {
+		return nil
+	}
+	p.laneMu.RLock()
+	defer p.laneMu.RUnlock()
+	if p.laneGone {
+		return nil
+	}
+	var h [laneHdr]byte
+	if !p.lane.In.PeekStable(h[:]) || h[27] != laneMagic || binary.LittleEndian.Uint64(h[0:]) != tag {
+		return nil
+	}
+	theirs := Fingerprint{Op: h[24], DType: h[25], ReduceOp: h[26], Count: binary.LittleEndian.Uint64(h[16:])}
+	return &MismatchError{Rank: peer, Tag: tag, Theirs: theirs, Ours: fp}
+}

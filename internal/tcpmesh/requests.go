@@ -3,6 +3,7 @@ package tcpmesh
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 const (
@@ -78,24 +79,47 @@ func (r *Req) Wait(ctx context.Context) error {
 // ctx error; one that a message matched already is waited for, since the
 // reader is filling its buffer.
 func (r *Req) await(ctx context.Context) error {
-	select {
-	case <-r.done:
-	case <-ctx.Done():
-		if r.withdraw() {
-			// The error is made before the Req goes back to the pool,
-			// where another receive may take it at once.
-			var err error
-			if r.peer < 0 {
-				err = fmt.Errorf("tcpmesh: receive from any rank, tag %d: %w", r.tag, ctx.Err())
-			} else {
-				err = fmt.Errorf("tcpmesh: receive from rank %d, tag %d: %w", r.peer, r.tag, ctx.Err())
-			}
-			r.m.reqPool.Put(r.reset())
-			return err
-		}
-		<-r.done
+	var tick <-chan time.Time
+	if r.m.lanes && r.peer >= 0 {
+		// A peer that runs this op over the lanes sends nothing here: look
+		// at its lane now and then, so that the mismatch fails fast.
+		t := time.NewTicker(laneSlice)
+		defer t.Stop()
+		tick = t.C
 	}
-	return nil
+	for {
+		select {
+		case <-r.done:
+			return nil
+		case <-tick:
+			err := r.m.laneConflict(r.peer, r.tag, r.fp)
+			if err == nil {
+				continue
+			}
+			if r.withdraw() {
+				r.m.refuseTag(r.tag, err)
+				r.m.reqPool.Put(r.reset())
+				return err
+			}
+			<-r.done
+			return nil
+		case <-ctx.Done():
+			if r.withdraw() {
+				// The error is made before the Req goes back to the pool,
+				// where another receive may take it at once.
+				var err error
+				if r.peer < 0 {
+					err = fmt.Errorf("tcpmesh: receive from any rank, tag %d: %w", r.tag, ctx.Err())
+				} else {
+					err = fmt.Errorf("tcpmesh: receive from rank %d, tag %d: %w", r.peer, r.tag, ctx.Err())
+				}
+				r.m.reqPool.Put(r.reset())
+				return err
+			}
+			<-r.done
+			return nil
+		}
+	}
 }
 
 // WaitSource is Wait for a receive from any rank: it also returns the
