@@ -464,8 +464,8 @@ type job struct {
 	run     func(ctx context.Context, tag uint64) error
 	poll    tcpmesh.OpPoll
 	fp      tcpmesh.Fingerprint // what the op's frames say about it
-	lane    bool   // the op runs over the lanes (lanes.go)
-	ticket  uint64 // its turn among the lane ops
+	lane    bool                // the op runs over the lanes (lanes.go)
+	ticket  uint64              // its turn among the lane ops
 }
 
 func (b *Backend) worker() {
