@@ -529,3 +529,27 @@ func TestFollowerParksAndWakes(t *testing.T) {
 		time.Sleep(300 * time.Millisecond) // past the follower's idle limit: it parks
 	}
 }
+
+// Works complete at issue (the nop backend of the benchmark) are counted
+// issued and completed in one add, and timed from their own stamp.
+func TestInlineCompletion(t *testing.T) {
+	e := metrics.New(metrics.Options{TimeEvery: 2})
+	pg, err := dispatcher.Init(context.Background(), dispatcher.Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "nopbench",
+		Metrics: e, FlightRecorder: dispatcher.FlightRecorderOptions{Entries: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close(context.Background())
+	for range 5 {
+		if _, err := pg.Allreduce(context.Background(), []*tensor.Tensor{tensor.New(tensor.Float32, 4)}, backend.AllreduceOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fams := scrape(t, e.Handler())
+	l := map[string]string{"rank": "0", "op": "allreduce", "backend": "nopbench"}
+	for name, want := range map[string]float64{"gocoll_ops_issued_total": 5, "gocoll_ops_completed_total": 5, "gocoll_op_duration_seconds": 2} {
+		if v, _ := value(fams, name, l); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
+}

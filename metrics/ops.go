@@ -36,6 +36,10 @@ type group struct {
 // an op touches no label map and no lock: an issued count, a captured
 // count and the latency histogram.
 type opSeries struct {
+	// inline counts the ops whose Work was complete, successfully, at
+	// issue: issued and completed at once, in one atomic add; issued and
+	// completed count the others. The exported counts add inline in.
+	inline    atomic.Uint64
 	issued    atomic.Uint64
 	completed atomic.Uint64
 	captured  atomic.Uint64
@@ -131,13 +135,20 @@ func (g *group) Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w 
 		return
 	}
 	s := g.seriesOf(op, dt)
+	if err == nil {
+		if hw, ok := w.(*backend.HostWork); ok && hw.IsCompleted() {
+			if err = hw.Exception(); err == nil {
+				s.inline.Add(1)
+				if issued != 0 {
+					s.latency.observe(hw.CompletedAt() - issued)
+				}
+				return
+			}
+		}
+	}
 	s.issued.Add(1)
 	if err != nil {
 		g.failed(s, err)
-		return
-	}
-	if hw, ok := w.(*backend.HostWork); ok && hw.IsCompleted() {
-		g.finished(s, issued, hw)
 		return
 	}
 	if c, ok := w.(backend.CaptureReporter); ok && c.Captured() {
@@ -393,8 +404,9 @@ func (g *group) collect(ch chan<- prometheus.Metric) {
 		if s == nil {
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(descIssued, prometheus.CounterValue, float64(s.issued.Load()), s.labels...)
-		ch <- prometheus.MustNewConstMetric(descDone, prometheus.CounterValue, float64(s.completed.Load()), s.labels...)
+		inline := s.inline.Load()
+		ch <- prometheus.MustNewConstMetric(descIssued, prometheus.CounterValue, float64(inline+s.issued.Load()), s.labels...)
+		ch <- prometheus.MustNewConstMetric(descDone, prometheus.CounterValue, float64(inline+s.completed.Load()), s.labels...)
 		n, sum, cum := s.latency.snapshot()
 		ch <- prometheus.MustNewConstHistogram(descLatency, n, sum, cum, s.labels...)
 		if c := s.captured.Load(); c > 0 {
