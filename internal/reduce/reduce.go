@@ -104,6 +104,13 @@ type integral interface {
 func arith[T number](t reduceop.Type) func(dst, src []byte) {
 	switch t {
 	case reduceop.Sum:
+		var z T
+		switch any(z).(type) {
+		case float32:
+			return func(d, s []byte) { sumFloat32(view[float32](d), view[float32](s)) }
+		case float64:
+			return func(d, s []byte) { sumFloat64(view[float64](d), view[float64](s)) }
+		}
 		return func(d, s []byte) { sum(view[T](d), view[T](s)) }
 	case reduceop.Product:
 		return func(d, s []byte) {
