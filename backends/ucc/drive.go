@@ -42,7 +42,10 @@ const driveSpin = 20 * time.Microsecond
 //
 // The lock is taken with TryLock and never while a submit waits for it
 // (b.posting), so a driver never starves another goroutine's issue.
-func (b *Backend) drive(ctx context.Context, w *work) {
+//
+// It returns when it began to read the clock (63 rounds in, at most about
+// a millisecond after the call), or the zero time when w finished before.
+func (b *Backend) drive(ctx context.Context, w *work) (start time.Time) {
 	b.driving.Add(1)
 	defer func() {
 		// The progress goroutine naps while a driver works; wake it if
@@ -52,10 +55,10 @@ func (b *Backend) drive(ctx context.Context, w *work) {
 			b.kickNow()
 		}
 	}()
-	// The clock is read only once the op has taken a while (n == 63):
-	// a small op is done in the first gu_drive, and a clock read is a
-	// good part of its cost.
-	var start time.Time
+	// The clock (start) is read only once the op has taken a while
+	// (n == 63): a small op is done in the first gu_drive, and a clock
+	// read is a good part of its cost.
+	//
 	// gu_drive stops when a submit waits for b.mu: it reads b.posting
 	// (an int32 with no Go pointers around it) while it spins.
 	stop := (*C.int32_t)(unsafe.Pointer(&b.posting))
@@ -89,4 +92,5 @@ func (b *Backend) drive(ctx context.Context, w *work) {
 			}
 		}
 	}
+	return start
 }

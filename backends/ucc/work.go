@@ -165,13 +165,17 @@ func (w *work) fail(err error) { w.complete(nil, err) }
 // *backend.WaitError) names the op and says that the caller's deadline
 // fired, and whether the op's own timeout had passed.
 func (w *work) WaitHost(ctx context.Context) error {
+	var start time.Time
 	if !w.IsCompleted() {
-		w.b.drive(ctx, w)
+		// Its clock read, not one here: most waits need none.
+		start = w.b.drive(ctx, w)
 	}
 	if w.IsCompleted() {
 		return w.rerr
 	}
-	start := time.Now() // the drive's time is not counted: a late clock read is cheaper than one per op
+	if start.IsZero() {
+		start = time.Now()
+	}
 	select {
 	case <-w.doneCh():
 		return w.rerr
