@@ -38,7 +38,11 @@ type ClientOptions struct {
 	// Backoff is the schedule of connect retries.
 	Backoff Backoff
 	// CancelTimeout bounds the CANCEL_WAIT exchange after a timed-out wait
-	// (default 10 s); the connection is dropped when it expires.
+	// (default 1 s), and so how long after its deadline the wait's error
+	// may come; the connection is dropped when it expires. A server that
+	// answers at all answers within a round trip. Where the server's host
+	// never acknowledged the WAIT (Linux; the link or the host is down),
+	// the connection is dropped at once, without the exchange.
 	CancelTimeout time.Duration
 }
 
@@ -59,7 +63,7 @@ func (o *ClientOptions) fill() error {
 	}
 	o.Backoff.fill()
 	if o.CancelTimeout <= 0 {
-		o.CancelTimeout = 10 * time.Second
+		o.CancelTimeout = time.Second
 	}
 	return nil
 }

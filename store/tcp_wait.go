@@ -18,7 +18,8 @@ func (c *TCPStore) wait(ctx context.Context, start time.Time, keys []string) err
 
 // waitOn sends WAIT for raw keys on cn and waits for STOP_WAITING until the
 // deadline; on timeout it cancels the wait with CANCEL_WAIT (DialectV2) or
-// drops the connection (DialectV1, which has no cancel).
+// drops the connection (DialectV1, which has no cancel, and any connection
+// whose server never acknowledged the WAIT, so never answers the cancel).
 func (c *TCPStore) waitOn(ctx context.Context, cn *tcpConn, start time.Time, keys []string) error {
 	code, _ := encodeOp(c.opts.Dialect, opWait)
 	b := appendKeys(append(cn.wbuf[:0], code), keys)
@@ -55,10 +56,20 @@ func (c *TCPStore) waitOn(ctx context.Context, cn *tcpConn, start time.Time, key
 		return c.wrapIOErr(ctx, opWait, keys, start, err)
 	}
 	elapsed := time.Since(start)
-	if c.opts.Dialect != DialectV2 || c.cancelWait(cn) != nil {
+	msg := fmt.Sprintf("wait timeout after %dms, keys: %s", elapsed.Milliseconds(), strings.Join(keys, ", "))
+	switch n, known := unacked(cn.nc); {
+	case c.opts.Dialect != DialectV2:
+		cn.broken = true
+	case known && n > 0:
+		// The server's host never acknowledged the WAIT: a CANCEL_WAIT
+		// would get no answer either, and would only delay this error by
+		// CancelTimeout. Dropping the connection cancels the wait (a
+		// false alarm, on a slow link, costs one dial).
+		cn.broken = true
+		msg += fmt.Sprintf(" (the server's host never acknowledged the request, %d bytes: the link or the host is down, or the server stopped reading)", n)
+	case c.cancelWait(cn) != nil:
 		cn.broken = true
 	}
-	msg := fmt.Sprintf("wait timeout after %dms, keys: %s", elapsed.Milliseconds(), strings.Join(keys, ", "))
 	switch {
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return c.errorf(opWait, keys, start, "%s: %w", msg, ctx.Err())
@@ -69,7 +80,8 @@ func (c *TCPStore) waitOn(ctx context.Context, cn *tcpConn, start time.Time, key
 }
 
 // cancelWait sends CANCEL_WAIT on cn and reads its reply, after a possible
-// STOP_WAITING that crossed it.
+// STOP_WAITING that crossed it, within CancelTimeout: the wait's error
+// waits for it, so that the connection can serve the next wait.
 func (c *TCPStore) cancelWait(cn *tcpConn) error {
 	_ = cn.nc.SetDeadline(time.Now().Add(c.opts.CancelTimeout))
 	defer func() { _ = cn.nc.SetDeadline(time.Time{}) }()
