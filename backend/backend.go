@@ -99,7 +99,10 @@ type Config struct {
 	// DumpAll, when set, dumps this process's flight recorder and asks
 	// every peer, through the store, to dump theirs. It returns the dump
 	// file ("" when the recorder is off). Backends call it when an op fails
-	// or times out, before their error policy tears anything down.
+	// or times out, before their error policy tears anything down. It
+	// returns promptly even when the store does not answer (the
+	// dispatcher's waits at most 100 ms for the signal to land, then lets
+	// it land on its own), so a failing op's error need not wait for it.
 	DumpAll func(reason string) string
 }
 

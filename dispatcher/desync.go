@@ -94,7 +94,33 @@ func (root *ProcessGroup) publisher(stop <-chan struct{}) {
 //
 // A rank that published nothing is reported as never having started.
 // Backends get this function in backend.Config.Desync.
+//
+// It returns when ctx ends even if the store has not answered (a store
+// across a cut link, a store call of the publisher or the heartbeat
+// monitor ahead of it on the connection), saying that the report is
+// unavailable: the backend is failing an op, and its caller should get the
+// error within the time the backend gave the diagnosis.
 func (pg *ProcessGroup) Desync(ctx context.Context, op backend.Op, seq uint64) ([]int, string) {
+	type report struct {
+		late   []int
+		detail string
+	}
+	done := make(chan report, 1)
+	go func() {
+		late, detail := pg.desync(ctx, op, seq)
+		done <- report{late, detail}
+	}()
+	select {
+	case r := <-done:
+		return r.late, r.detail
+	case <-ctx.Done():
+		return nil, fmt.Sprintf("desync report unavailable: the store did not answer in time: %v", ctx.Err())
+	}
+}
+
+// desync is Desync's work: every store call in it ends with ctx, but it may
+// first wait for a call of another goroutine on the same connection.
+func (pg *ProcessGroup) desync(ctx context.Context, op backend.Op, seq uint64) ([]int, string) {
 	pg.publishProgress(ctx)
 	var never, notDone, did []int
 	last := map[int]int64{}

@@ -170,21 +170,43 @@ func (m *monitor) dumpStacks() string {
 	return stackPath
 }
 
+// dumpSignalWait is how long DumpAll waits for its dump signal to reach the
+// store before it returns, leaving the write to finish (within
+// dumpSignalTimeout) on its own. A reachable store takes a SET, which has
+// no reply, in a round trip at most; one across a cut link never does, and
+// the caller, which is failing an op, should not wait for it.
+const (
+	dumpSignalWait    = 100 * time.Millisecond
+	dumpSignalTimeout = 5 * time.Second
+)
+
 // DumpAll dumps this process's flight recorder and asks every rank, through
 // the store, to dump theirs. It returns the local dump file, or "" when the
-// recorder is off. Backends receive it as backend.Config.DumpAll.
+// recorder is off. Backends receive it as backend.Config.DumpAll. It
+// returns within dumpSignalWait of the local dump even when the store does
+// not answer: the signal is then written in the background.
 func (pg *ProcessGroup) DumpAll(reason string) string {
 	root := pg.root
 	path := ""
 	if root.recorder != nil {
 		path, _ = root.recorder.Dump(reason)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	sig := fmt.Sprintf("rank %d: %s", root.rank, reason)
 	if root.recorder != nil {
 		root.recorder.ownSignal(sig) // this rank has dumped already
 	}
-	_ = root.store.Set(ctx, dumpSignalKey, []byte(sig))
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		ctx, cancel := context.WithTimeout(context.Background(), dumpSignalTimeout)
+		defer cancel()
+		_ = root.store.Set(ctx, dumpSignalKey, []byte(sig))
+	}()
+	t := time.NewTimer(dumpSignalWait)
+	defer t.Stop()
+	select {
+	case <-sent:
+	case <-t.C:
+	}
 	return path
 }

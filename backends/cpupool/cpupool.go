@@ -36,11 +36,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -683,81 +681,11 @@ func (b *Backend) wrap(j *job, err error) error {
 		e.Kind, e.Ranks = backend.ErrRemote, []int{roe.Rank}
 	case j.ctx != nil && errors.Is(j.ctx.Err(), context.DeadlineExceeded):
 		e.Kind, e.Timeout = backend.ErrTimeout, j.timeout
-		e.Ranks = b.lateRanks(j)
-		if len(e.Ranks) > 0 {
-			e.Detail = "ranks that never joined (found by asking each peer how many collectives it issued)"
-		}
-		b.explainTimeout(e, j)
+		b.explainTimeout(e, j) // diagnose.go
 	case j.ctx != nil && errors.Is(j.ctx.Err(), context.Canceled):
 		e.Kind = backend.ErrAborted
 	default:
 		e.Kind = backend.ErrRemote
 	}
 	return e
-}
-
-// explainTimeout adds the dispatcher's desync report to a collective that
-// ran out of time (the store knows what each rank enqueued and completed),
-// keeping the ranks the peers' answers named, and performs what the watch
-// unit decides for the timeout: a dump of every rank's flight recorder,
-// once per backend, as for the nccl watchdog.
-func (b *Backend) explainTimeout(e *backend.OpError, j *job) {
-	if b.cfg.Desync != nil && e.Seq > 0 && j.op.Info().Kind != backend.P2P {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		late, sentence := b.cfg.Desync(ctx, j.op, e.Seq)
-		cancel()
-		if len(e.Ranks) == 0 {
-			e.Ranks = late
-		}
-		if sentence != "" {
-			e.Detail = strings.TrimSuffix(sentence+"; "+e.Detail, "; ")
-		}
-	}
-	b.wdMu.Lock()
-	acts := b.wd.Report(watch.Failure[*job]{Kind: watch.Timeout, Work: j, Elapsed: j.timeout})
-	b.wdMu.Unlock()
-	for _, a := range acts {
-		switch a.Kind {
-		case watch.Dump:
-			if path := b.cfg.DumpAll(e.Error()); path != "" {
-				e.Detail += "; flight recorder dump: " + path
-			}
-		case watch.Fail:
-			// e is the job's error: runJob completes the work with it.
-			slog.Error("gocoll cpupool: op failed", "group", b.cfg.GroupDesc, "rank", b.cfg.Rank, "seq", j.seq, "op", j.op.String(), "err", e)
-		}
-	}
-}
-
-// lateRanks asks every peer how many collectives it has issued; those that
-// have not issued j yet, or do not answer within a second, are late. P2P
-// ops name their peer instead (peer holds it).
-func (b *Backend) lateRanks(j *job) []int {
-	if j.tag == 0 || j.tag >= p2pBit {
-		if j.tag >= p2pBit && j.peer >= 0 {
-			return []int{j.peer}
-		}
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	late := make([]bool, b.cfg.WorldSize)
-	var wg sync.WaitGroup
-	for p := range b.cfg.WorldSize {
-		if p == b.cfg.Rank {
-			continue
-		}
-		wg.Go(func() {
-			n, err := b.mesh.Probe(ctx, p)
-			late[p] = err != nil || n < j.tag
-		})
-	}
-	wg.Wait()
-	var out []int
-	for p, l := range late {
-		if l {
-			out = append(out, p)
-		}
-	}
-	return out
 }
