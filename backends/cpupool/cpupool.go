@@ -144,11 +144,13 @@ type Backend struct {
 
 	// The lane ops' turns (lanes.go): tickets are taken under laneMu with
 	// the tag; laneDone is the ticket whose turn it is; laneSkip holds
-	// tickets that gave up waiting for it.
+	// tickets that gave up waiting for it; laneWake, when not nil, is
+	// closed at the next turn, waking the parked waiters.
 	laneMu     sync.Mutex
 	laneIssued uint64
 	laneDone   atomic.Uint64
 	laneSkip   map[uint64]bool
+	laneWake   chan struct{}
 
 	// wd decides what a timed-out op leads to (the dump, once per backend:
 	// the first timeout is the one worth it), as it does for nccl's

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"time"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/coll"
@@ -57,24 +56,39 @@ func (l *laneOp) Recv(ctx context.Context, peer int, n, unit int, fn func(off in
 
 // laneTurn waits until the lane op with ticket t may run: every earlier
 // one has finished or given up. Workers pop jobs in issue order, so the
-// earlier ones are running already; the wait is short, and it polls.
+// earlier ones are running already and the wait is short: it polls a
+// little, then parks until laneEnd broadcasts (a sleep would oversleep:
+// timers on a busy machine fire tens of microseconds late, and ops issued
+// back to back wait here one after another).
 func (b *Backend) laneTurn(ctx context.Context, t uint64) error {
-	for i := 0; b.laneDone.Load() != t; i++ {
-		if i < 64 {
-			runtime.Gosched()
-			continue
+	for i := 0; i < 64; i++ {
+		if b.laneDone.Load() == t {
+			return nil
 		}
-		if err := ctx.Err(); err != nil {
-			b.laneGiveUp(t)
-			return fmt.Errorf("cpupool: waiting for the earlier lane ops: %w", err)
-		}
-		time.Sleep(20 * time.Microsecond)
+		runtime.Gosched()
 	}
-	return nil
+	for {
+		b.laneMu.Lock()
+		if b.laneDone.Load() == t {
+			b.laneMu.Unlock()
+			return nil
+		}
+		if b.laneWake == nil {
+			b.laneWake = make(chan struct{})
+		}
+		ch := b.laneWake
+		b.laneMu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			b.laneGiveUp(t)
+			return fmt.Errorf("cpupool: waiting for the earlier lane ops: %w", ctx.Err())
+		}
+	}
 }
 
 // laneEnd passes the turn on after the lane op whose turn it was, past
-// the tickets that gave up waiting.
+// the tickets that gave up waiting, and wakes the parked waiters.
 func (b *Backend) laneEnd() {
 	b.laneMu.Lock()
 	defer b.laneMu.Unlock()
@@ -84,6 +98,10 @@ func (b *Backend) laneEnd() {
 		d++
 	}
 	b.laneDone.Store(d)
+	if b.laneWake != nil {
+		close(b.laneWake)
+		b.laneWake = nil
+	}
 }
 
 // laneGiveUp gives ticket t's turn up without running: if it has come
