@@ -190,6 +190,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	}
 	b := &Backend{cfg: cfg, opts: opts, wd: watch.NewWatchdog[*job](watch.Config{Policy: watch.NoHandling, Rank: cfg.Rank, Dump: cfg.DumpAll != nil})}
 	b.q.init(lazyWake)
+	b.q.ready = b.laneReady
 	mesh, err := tcpmesh.Connect(ctx, tcpmesh.Config{
 		Rank: cfg.Rank, Size: cfg.WorldSize, Store: cfg.Store, Host: opts.Host,
 		ConnectTimeout: opts.ConnectTimeout, MaxMessage: opts.MaxMessageBytes, Pool: &b.pool,
@@ -361,6 +362,9 @@ type queue struct {
 	idle   int // workers parked in cond.Wait
 	lazy   time.Duration
 	nudge  *time.Timer
+	// ready, when set, says whether a job at the head may be popped now
+	// (a lane op only in its turn: lanes.go); others wait behind it.
+	ready func(*job) bool
 }
 
 // init sets the queue up; lazy <= 0 wakes a worker on every push.
@@ -399,7 +403,7 @@ func (q *queue) push(j *job) bool {
 func (q *queue) pop() *job {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for q.head == len(q.items) && q.closed == nil {
+	for (q.head == len(q.items) || !q.headReady()) && q.closed == nil {
 		q.idle++
 		q.cond.Wait()
 		q.idle--
@@ -407,12 +411,21 @@ func (q *queue) pop() *job {
 	if q.head == len(q.items) {
 		return nil
 	}
+	return q.popHeadLocked()
+}
+
+// headReady reports whether the head job may be popped; q.mu is held and
+// the queue is not empty.
+func (q *queue) headReady() bool { return q.ready == nil || q.ready(q.items[q.head]) }
+
+// popHeadLocked removes the head job; q.mu is held.
+func (q *queue) popHeadLocked() *job {
 	j := q.items[q.head]
 	q.items[q.head] = nil
 	q.head++
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
-	} else if q.idle > 0 {
+	} else if q.idle > 0 && q.headReady() {
 		q.cond.Signal() // more work behind this job: wake the next worker
 	}
 	return j
@@ -476,6 +489,7 @@ func (b *Backend) worker() {
 			return
 		}
 		b.runJob(j)
+		b.runLanes(j)
 	}
 }
 
@@ -636,6 +650,9 @@ func (b *Backend) help(j *job, inline bool) {
 	}
 	if inline && b.q.take(j) {
 		b.runJob(j)
+		if j.lane {
+			b.q.kick() // the next lane op's turn: a worker may wait for it
+		}
 		return
 	}
 	if b.spin < 0 {
