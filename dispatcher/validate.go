@@ -112,7 +112,35 @@ func (c *checker) innerLen(msg string, a targ, want int) {
 	}
 }
 
+// lone returns the tensor of args when they hold exactly one, the shape
+// of most calls (one tensor, or a list of one): the checks then skip the
+// walk over the arguments. i is its index in its list, -1 for a lone one.
+func lone(args []targ) (t *tensor.Tensor, i int, ok bool) {
+	if len(args) != 1 {
+		return nil, 0, false
+	}
+	switch a := &args[0]; {
+	case a.shape == 'o':
+		return a.one, -1, true
+	case a.shape == 'l' && len(a.list) == 1:
+		return a.list[0], 0, true
+	}
+	return nil, 0, false
+}
+
 func (c *checker) eachTensor(msg string, args []targ, bad func(t *tensor.Tensor) string) {
+	if t, i, ok := lone(args); ok {
+		switch {
+		case c.err != nil:
+		case t == nil:
+			c.failf(msg, "%s is nil", args[0].label(i, -1))
+		default:
+			if why := bad(t); why != "" {
+				c.failf(msg, "%s %s", args[0].label(i, -1), why)
+			}
+		}
+		return
+	}
 	for _, a := range args {
 		if c.err != nil {
 			return
@@ -142,6 +170,9 @@ func (c *checker) contiguous(msg string, args ...targ) {
 
 // first returns the first non-nil tensor of args, or nil.
 func first(args []targ) *tensor.Tensor {
+	if t, _, ok := lone(args); ok {
+		return t
+	}
 	var out *tensor.Tensor
 	for _, a := range args {
 		a.each(func(t *tensor.Tensor, _, _ int) bool {
@@ -158,6 +189,9 @@ func first(args []targ) *tensor.Tensor {
 // sameAs fails on the first tensor whose key differs from the first
 // tensor's; why formats the two keys.
 func sameAs[K comparable](c *checker, msg string, args []targ, key func(*tensor.Tensor) K, why string) {
+	if _, _, ok := lone(args); ok {
+		return // one tensor is the same as itself (a nil one fails elsewhere)
+	}
 	ref := first(args)
 	if ref == nil {
 		return

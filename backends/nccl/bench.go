@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"time"
+	"unsafe"
 
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/tensor"
@@ -80,4 +81,81 @@ func (b *Backend) FloorAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.
 		return 0, fmt.Errorf("nccl: floor allreduce failed (%d): %s", ns, C.GoString(C.gn_last_error()))
 	}
 	return time.Duration(ns), nil
+}
+
+// callSlots names gn_bench_calls' slots, in its order (GN_S_*).
+var callSlots = [...]string{"clock", "ctx-check", "record-sync", "wait-sync", "capture-query", "ncclAllReduce",
+	"record-end", "ctx-check-wait", "wait-end", "query-end"}
+
+// callsBench is the state of driverCalls across batches: the sync events
+// of mode 1 and the words of mode 2, made once, and the next word value.
+type callsBench struct {
+	syncEvs []*cuda.Event
+	words   *cuda.HostBuffer
+	base    uint32
+}
+
+func (cb *callsBench) free() {
+	for _, e := range cb.syncEvs {
+		e.Destroy()
+	}
+	if cb.words != nil {
+		cb.words.Free()
+	}
+}
+
+// driverCalls runs gn_bench_calls: iters floor iterations on t in place
+// from C, each driver call timed on its own, added into ns (callSlots).
+// mode 0 is the backend's design, 1 a fresh sync event per op, 2 stream
+// memory operations instead of events. The caller drains s between
+// batches and before cb.free.
+func (b *Backend) driverCalls(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters, mode int, cb *callsBench, ns *[len(callSlots)]int64) error {
+	c, err := b.getComm(ctx, t.Device().Index)
+	if err != nil {
+		return err
+	}
+	dt, err := ncclType(t.DType())
+	if err != nil {
+		return err
+	}
+	if cb.syncEvs == nil {
+		if cb.syncEvs, err = c.dev.NewEvents(64, false); err != nil {
+			return err
+		}
+		if cb.words, err = c.dev.HostAlloc(256, cuda.HostDeviceMap|cuda.HostPortable); err != nil {
+			return err
+		}
+		clear(cb.words.Bytes())
+		var syms [3]uintptr
+		for i, n := range []string{"cuEventQuery", "cuStreamWriteValue32_v2", "cuStreamWaitValue32_v2"} {
+			if syms[i], err = cuda.Symbol(n); err != nil {
+				return err
+			}
+		}
+		C.gn_bench_calls_syms(C.uintptr_t(syms[0]), C.uintptr_t(syms[1]), C.uintptr_t(syms[2]))
+	}
+	evs := make([]C.uintptr_t, len(cb.syncEvs))
+	for i, e := range cb.syncEvs {
+		evs[i] = C.uintptr_t(e.Handle())
+	}
+	var out [C.GN_SLOTS]C.longlong
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	end, err := c.event(false)
+	if err != nil {
+		return err
+	}
+	defer c.putEvents(end)
+	hostB := (*C.uint)(unsafe.Add(cb.words.Pointer(), 128))
+	r := C.gn_bench_calls(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(c.stream.Handle()), C.uintptr_t(s.Handle()),
+		&evs[0], C.int(len(evs)), C.uintptr_t(end.Handle()), C.uintptr_t(cb.words.DevicePtr()), C.uintptr_t(cb.words.DevicePtr()+128),
+		hostB, C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters), C.int(mode), C.uint(cb.base), &out[0])
+	cb.base += uint32(iters)
+	if r != 0 {
+		return fmt.Errorf("nccl: driver-call bench failed (%d): %s", r, C.GoString(C.gn_last_error()))
+	}
+	for i := range ns {
+		ns[i] += int64(out[i])
+	}
+	return nil
 }

@@ -297,3 +297,73 @@ long long gn_bench_floor(uintptr_t ctx, uintptr_t comm, uintptr_t nstream, uintp
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	return (long long)(b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
 }
+
+// gn_bench_calls times each driver call of the floor loop on its own: the
+// same calls in the same order as gn_bench_floor, with a clock read
+// between each two, summing each call's nanoseconds into ns[GN_SLOTS] (the
+// clock's own cost goes into ns[GN_S_CLOCK], one empty read pair per
+// iteration, to subtract). mode 0 is the backend's design (one sync event,
+// re-recorded each op); mode 1 records a different sync event each op
+// (syncEvs[i % nsync]), to see whether re-recording an event that a stream
+// still waits on costs more; mode 2 orders the streams through 32-bit
+// stream memory operations on words of device-mapped host memory instead
+// of events (cuStreamWriteValue32 on the producer, cuStreamWaitValue32 GEQ
+// on the consumer; the "query" is then a host load of the end word), the
+// alternative design. gn_bench_calls_syms passes the extra entry points.
+static CUresult (*c_eventQuery)(CUevent);
+static CUresult (*c_writeValue32)(CUstream, unsigned long long, unsigned, unsigned);
+static CUresult (*c_waitValue32)(CUstream, unsigned long long, unsigned, unsigned);
+
+void gn_bench_calls_syms(uintptr_t q, uintptr_t wr, uintptr_t wt) {
+	c_eventQuery = (CUresult(*)(CUevent))(void *)q;
+	c_writeValue32 = (CUresult(*)(CUstream, unsigned long long, unsigned, unsigned))(void *)wr;
+	c_waitValue32 = (CUresult(*)(CUstream, unsigned long long, unsigned, unsigned))(void *)wt;
+}
+
+static inline long long gn_now(void) {
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+int gn_bench_calls(uintptr_t ctx, uintptr_t comm, uintptr_t nstream, uintptr_t cur, const uintptr_t *syncEvs, int nsync,
+                   uintptr_t endEv, uintptr_t semA, uintptr_t semB, volatile unsigned *hostB, uintptr_t buf,
+                   size_t count, int dt, int iters, int mode, unsigned base, long long *ns) {
+	for (int i = 0; i < iters; i++) {
+		unsigned v = base + (unsigned)i + 1;
+		CUevent sync = (CUevent)syncEvs[mode == 1 ? i % nsync : 0];
+		CUresult cr;
+		int st = 0;
+		long long t0 = gn_now(), t1;
+		t1 = gn_now(); ns[GN_S_CLOCK] += t1 - t0; t0 = t1;
+		if (gn_make_current(ctx)) return -1;
+		t1 = gn_now(); ns[GN_S_CTX1] += t1 - t0; t0 = t1;
+		cr = mode == 2 ? c_writeValue32((CUstream)cur, semA, v, 0) : c_eventRecord(sync, (CUstream)cur);
+		if (cr) return -3;
+		t1 = gn_now(); ns[GN_S_REC_SYNC] += t1 - t0; t0 = t1;
+		cr = mode == 2 ? c_waitValue32((CUstream)nstream, semA, v, 0) : c_streamWaitEvent((CUstream)nstream, sync, 0);
+		if (cr) return -3;
+		t1 = gn_now(); ns[GN_S_WAIT_SYNC] += t1 - t0; t0 = t1;
+		if (c_streamIsCapturing((CUstream)cur, &st)) return -3;
+		t1 = gn_now(); ns[GN_S_CAPQ] += t1 - t0; t0 = t1;
+		if (p_ncclAllReduce((void *)buf, (void *)buf, count, dt, 0, (ncclComm_t)comm, (CUstream)nstream)) return -2;
+		t1 = gn_now(); ns[GN_S_NCCL] += t1 - t0; t0 = t1;
+		cr = mode == 2 ? c_writeValue32((CUstream)nstream, semB, v, 0) : c_eventRecord((CUevent)endEv, (CUstream)nstream);
+		if (cr) return -3;
+		t1 = gn_now(); ns[GN_S_REC_END] += t1 - t0; t0 = t1;
+		if (gn_make_current(ctx)) return -1;
+		t1 = gn_now(); ns[GN_S_CTX2] += t1 - t0; t0 = t1;
+		cr = mode == 2 ? c_waitValue32((CUstream)cur, semB, v, 0) : c_streamWaitEvent((CUstream)cur, (CUevent)endEv, 0);
+		if (cr) return -3;
+		t1 = gn_now(); ns[GN_S_WAIT_END] += t1 - t0; t0 = t1;
+		// The watchdog's completion check of the newest work.
+		if (mode == 2) {
+			(void)*hostB;
+		} else {
+			cr = c_eventQuery((CUevent)endEv);
+			if (cr != 0 && cr != 600) return -3; // 600: CUDA_ERROR_NOT_READY
+		}
+		t1 = gn_now(); ns[GN_S_QUERY] += t1 - t0;
+	}
+	return 0;
+}

@@ -1,0 +1,64 @@
+package nccl
+
+import (
+	"context"
+	"testing"
+
+	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// BenchmarkDriverCalls splits the CUDA floor of an async allreduce + Wait
+// (FloorAllreduce, `conftest bench hostcost`'s "nccl + CUDA calls") into
+// its driver calls, each timed on its own from C (gn_bench_calls), at
+// world 1 with a 1-element float32 allreduce, in batches of 256 with the
+// queue drained between batches. Each metric is host ns per op of one call
+// with the clock read it carries; "clock" is that read alone, to subtract.
+// events is the backend's design; events-rotating records a different sync
+// event each op; memops orders the streams with cuStreamWriteValue32 /
+// cuStreamWaitValue32 on device-mapped host words instead of events, and
+// its query-end is a host load of the end word.
+func BenchmarkDriverCalls(b *testing.B) {
+	envs := newRanks(b, 1, testOpts())
+	e := envs[0]
+	x, err := cuda.Zeros(e.ctx, e.r, tensor.Float32, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer x.Free()
+	for mode, name := range []string{"events", "events-rotating", "memops"} {
+		b.Run(name, func(b *testing.B) {
+			var cb callsBench
+			defer cb.free()
+			var ns [len(callSlots)]int64
+			drain := func() {
+				if err := e.cur.SynchronizeContext(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+			}
+			// Warm up (connections, the event pool).
+			if err := e.b.driverCalls(e.ctx, x, e.cur, 256, mode, &cb, &ns); err != nil {
+				b.Fatal(err)
+			}
+			drain()
+			ns = [len(callSlots)]int64{}
+			b.ResetTimer()
+			for k := 0; k < b.N; k += 256 {
+				if err := e.b.driverCalls(e.ctx, x, e.cur, min(256, b.N-k), mode, &cb, &ns); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				drain()
+				b.StartTimer()
+			}
+			var sum int64
+			for i, n := range ns {
+				b.ReportMetric(float64(n)/float64(b.N), callSlots[i]+"-ns/op")
+				if i > 0 && i != int(len(callSlots)-1) {
+					sum += n
+				}
+			}
+			b.ReportMetric(float64(sum)/float64(b.N), "floor-ns/op")
+		})
+	}
+}
