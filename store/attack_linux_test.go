@@ -258,6 +258,9 @@ func amplify(t *testing.T, engine string, conns int, setup func(c *TCPStore), re
 	if grew > limit {
 		t.Fatalf("peak RSS grew %d MiB, over %d MiB: the memory budget does not hold", grew>>20, limit>>20)
 	}
+	if os.Getenv("ATTACK_BUDGET") == "" {
+		waitLogged(t, a.log, "connection paused")
+	}
 }
 
 // TestAttackMultiGetAmplification: MULTI_GETs of large values whose replies

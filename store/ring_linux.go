@@ -465,6 +465,7 @@ func (e *ringEngine) waitBudget(rc *ringConn) {
 	if !rc.budgetWaiting {
 		rc.budgetWaiting = true
 		e.budgetWait = append(e.budgetWait, rc)
+		rc.c.logPaused()
 	}
 }
 

@@ -43,6 +43,7 @@ type srvConn struct {
 	// reqCharged is what the request being read holds against the memory
 	// budget (goroutine engine), given back once it has run.
 	reqCharged int
+	paused     bool // budgeted has logged this wait
 
 	// Set when the ring engine drives the connection.
 	ring  *ringEngine
@@ -126,10 +127,15 @@ func (c *srvConn) budgeted(f func() error) error {
 	for {
 		err := f()
 		if !errors.Is(err, errOverBudget) || c.ring != nil {
+			c.paused = false
 			return err
 		}
 		if err := c.flush(); err != nil {
 			return err
+		}
+		if !c.paused {
+			c.paused = true
+			c.logPaused()
 		}
 		if time.Since(start) > c.s.opts.WriteTimeout {
 			return fmt.Errorf("%w: a reply waited %v for the server's memory budget (%d bytes, all held by replies clients do not read)", errMalformed,
@@ -147,6 +153,13 @@ func (c *srvConn) budgeted(f func() error) error {
 			return net.ErrClosed
 		}
 	}
+}
+
+// logPaused says, rate-limited, that the connection waits for the memory
+// budget.
+func (c *srvConn) logPaused() {
+	c.s.logLimited("store server: memory budget spent; connection paused until memory is released", "remote", c.remote,
+		"budget", c.s.budget.limit, "used", c.s.budget.Used())
 }
 
 // chargeRequest is the reader's grow hook of the goroutine engine: it
