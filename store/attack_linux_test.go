@@ -275,6 +275,11 @@ func TestAttackMultiGetAmplification(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// A SET has no reply: a round trip makes sure they all landed
+			// before the MULTI_GETs run.
+			if n, err := c.NumKeys(context.Background()); err != nil || n < 7 {
+				t.Fatalf("after the sets: %d keys, %v", n, err)
+			}
 		}
 		keys := []string{"/big0", "/big1", "/big2", "/big3", "/big4", "/big5", "/big6"}
 		amplify(t, engine, scale.mgConns, setup, req(v2(opMultiGet), keys), scale.rssLimit)

@@ -437,6 +437,7 @@ func (e *ringEngine) handle(rc *ringConn) error {
 		if len(rc.src.b) != 0 {
 			return errFrameMismatch
 		}
+		c.paused = false
 		rc.src.b = nil
 		b = b[n:]
 		rc.need = 1
@@ -465,7 +466,10 @@ func (e *ringEngine) waitBudget(rc *ringConn) {
 	if !rc.budgetWaiting {
 		rc.budgetWaiting = true
 		e.budgetWait = append(e.budgetWait, rc)
-		rc.c.logPaused()
+		if !rc.c.paused { // once per pause, not at every retry
+			rc.c.paused = true
+			rc.c.logPaused()
+		}
 	}
 }
 
