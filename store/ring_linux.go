@@ -186,6 +186,11 @@ func (e *ringEngine) adopt(c *srvConn) bool {
 		return false
 	}
 	fd := -1
+	// The duplicate takes a descriptor until the net.Conn's is closed
+	// below: the accept loop's refusal on EMFILE must not lose its spare
+	// descriptor to it (refuseOne).
+	e.s.fdMu.Lock()
+	defer e.s.fdMu.Unlock()
 	// A duplicate, so that closing the net.Conn takes the socket out of
 	// Go's poller while the engine keeps it open.
 	if err := raw.Control(func(f uintptr) {

@@ -242,6 +242,7 @@ type TCPServer struct {
 	logs    logLimiter
 	open    atomic.Int64 // connections accepted and not yet closed
 	spare   spareFD      // a descriptor given up to accept and refuse on EMFILE
+	fdMu    sync.Mutex   // held by refuseOne and by the ring's adopt, whose dup takes a descriptor for a moment
 
 	connMu sync.Mutex
 	conns  map[*srvConn]struct{}
@@ -420,14 +421,23 @@ func (s *TCPServer) acceptLoop() {
 // refuseOne accepts one waiting connection with the spare descriptor and
 // closes it, reporting whether it did.
 func (s *TCPServer) refuseOne() bool {
+	tl, ok := s.ln.(*net.TCPListener)
+	if !ok {
+		return false
+	}
+	s.fdMu.Lock()
+	defer s.fdMu.Unlock()
 	// The spare may have been lost to another descriptor taken between
-	// its close and its reopening (the ring engine duplicates sockets it
-	// adopts): try again first, since a connection may have closed since.
+	// its close and its reopening: try again first, since a connection
+	// may have closed since.
 	s.spare.open()
 	if !s.spare.release() {
 		return false
 	}
-	nc, err := s.ln.Accept()
+	// Never wait here, holding fdMu, for a connection that went away.
+	_ = tl.SetDeadline(time.Now().Add(10 * time.Millisecond))
+	nc, err := tl.Accept()
+	_ = tl.SetDeadline(time.Time{})
 	if err == nil {
 		s.logLimited("store server: refused connection: out of file descriptors", "remote", nc.RemoteAddr().String())
 		refuse(nc)
