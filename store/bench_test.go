@@ -60,6 +60,9 @@ func BenchmarkServerRequestPath(b *testing.B) {
 			opts := ServerOptions{Logger: slog.New(slog.DiscardHandler), NoEnvSecret: true, Addr: "unused"}
 			opts.fill()
 			s := &TCPServer{opts: opts, st: newServerState(&opts), log: opts.Logger}
+			// The memory budget's accounting is on the request path too.
+			s.budget = newMemBudget(DefaultMemoryBudget)
+			s.st.budget = s.budget
 			prefix := []byte{}
 			if d == DialectV2 {
 				prefix = appendU32([]byte{0}, validationMagic)
