@@ -178,16 +178,16 @@ func FuzzServerState(f *testing.F) {
 			total := 0
 			for i, s := range sess {
 				s.outMu.Lock()
-				if s.charged != len(s.out) {
-					t.Fatalf("session %d: %d reply bytes queued, %d charged", i, len(s.out), s.charged)
+				if int(s.charged.Load()) != len(s.out) {
+					t.Fatalf("session %d: %d reply bytes queued, %d charged", i, len(s.out), s.charged.Load())
 				}
-				total += s.charged
+				total += int(s.charged.Load())
 				s.outMu.Unlock()
 				if got := take(s); !bytes.Equal(got, want[i]) {
 					t.Fatalf("session %d: replies %x, want %x", i, got, want[i])
 				}
 				s.outMu.Lock()
-				s.sentLocked(s.charged)
+				s.sentLocked(int(s.charged.Load()))
 				s.outMu.Unlock()
 				want[i] = want[i][:0]
 			}
@@ -201,9 +201,7 @@ func FuzzServerState(f *testing.F) {
 
 // Used is the bytes a session holds against its budget.
 func (s *session) Used() int {
-	s.outMu.Lock()
-	defer s.outMu.Unlock()
-	return s.charged
+	return int(s.charged.Load())
 }
 
 // checkWaitIndex checks that each session's pending waits know their

@@ -56,10 +56,7 @@ func newMemBudget(limit int64) *memBudget { return &memBudget{limit: limit} }
 // admit reports whether n more bytes may be held by a connection that holds
 // own already.
 func (b *memBudget) admit(own, n int) bool {
-	if b == nil || own+n <= replyReserve {
-		return true
-	}
-	return b.used.Load()+int64(n) <= b.limit
+	return b == nil || own+n <= replyReserve || b.used.Load()+int64(n) <= b.limit
 }
 
 // exhausted reports whether the budget is spent.
@@ -110,27 +107,29 @@ func (b *memBudget) Used() int64 {
 
 // grewLocked counts n more queued reply bytes of s; s.outMu is held.
 func (s *session) grewLocked(n int) {
-	if s.budget != nil && n > 0 {
-		s.charged += n
+	if s.budget != nil && !s.released && n > 0 {
+		s.charged.Add(int64(n))
 		s.budget.charge(n)
 	}
 }
 
 // sentLocked gives back the budget of n reply bytes sent; s.outMu is held.
 func (s *session) sentLocked(n int) {
-	n = min(n, s.charged)
-	s.charged -= n
-	s.budget.release(n)
+	m := min(int64(n), s.charged.Load())
+	if m > 0 {
+		s.charged.Add(-m)
+		s.budget.release(int(m))
+	}
 }
 
 // releaseAll gives back everything s holds; later replies are not counted.
 // The connection calls it when it ends.
 func (s *session) releaseAll() {
 	s.outMu.Lock()
-	b, n := s.budget, s.charged
-	s.budget, s.charged = nil, 0
+	n := s.charged.Swap(0)
+	s.released = true
 	s.outMu.Unlock()
-	b.release(n)
+	s.budget.release(int(n))
 }
 
 // admitReply reports whether s may queue a reply of n bytes; the caller
@@ -138,16 +137,14 @@ func (s *session) releaseAll() {
 // that is an errMalformed error, which closes the connection, rather than
 // a wait that never ends.
 func (s *session) admitReply(n int) error {
-	if s.budget == nil {
+	b := s.budget
+	if b == nil {
 		return nil
 	}
-	if int64(n) > s.budget.limit {
-		return fmt.Errorf("%w: a reply of %d bytes is over the server's memory budget of %d bytes", errMalformed, n, s.budget.limit)
+	if int64(n) > b.limit {
+		return fmt.Errorf("%w: a reply of %d bytes is over the server's memory budget of %d bytes", errMalformed, n, b.limit)
 	}
-	s.outMu.Lock()
-	own := s.charged
-	s.outMu.Unlock()
-	if s.budget.admit(own, n) {
+	if b.admit(int(s.charged.Load()), n) {
 		return nil
 	}
 	return errOverBudget
@@ -155,15 +152,17 @@ func (s *session) admitReply(n int) error {
 
 // overShare reports whether the connection should read no more requests
 // until its replies drain: it holds more than maxQueuedReplies, or more
-// than its reserve while the server's budget is spent.
+// than its reserve while the server's budget is spent. It takes no lock
+// when the session has a budget (the engines' case: once per request).
 func (s *session) overShare() bool {
-	s.outMu.Lock()
-	own, b := s.charged, s.budget
-	if b == nil {
-		own = len(s.out) + s.sending
+	if b := s.budget; b != nil {
+		own := s.charged.Load()
+		return own > maxQueuedReplies || (own > replyReserve && b.exhausted())
 	}
+	s.outMu.Lock()
+	own := len(s.out) + s.sending
 	s.outMu.Unlock()
-	return own > maxQueuedReplies || (own > replyReserve && b.exhausted())
+	return own > maxQueuedReplies
 }
 
 // ParseBytes parses a byte count with an optional KiB, MiB or GiB suffix

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 )
 
 // serverState is the data of a server, shared by its connections: the
@@ -57,11 +58,15 @@ type session struct {
 	dead     bool
 
 	// sending is the length of the replies handed to the socket and not
-	// yet sent (the engine's send in flight, or the goroutine's write);
-	// charged says how many of out's and sending's bytes the budget holds.
-	// Both under outMu.
-	sending, charged int
-	budget           *memBudget
+	// yet sent (the engine's send in flight, or the goroutine's write),
+	// under outMu. charged says how many of out's and sending's bytes the
+	// budget holds: written under outMu, read without it on every request
+	// (overShare). budget is set before the session is used; released
+	// (under outMu) once the connection has given its memory back.
+	sending  int
+	charged  atomic.Int64
+	budget   *memBudget
+	released bool
 
 	// conn is the connection to flush when another session's write
 	// completes one of this one's waits; nil in tests.
