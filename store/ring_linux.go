@@ -510,6 +510,7 @@ func (e *ringEngine) send(rc *ringConn) {
 	}
 	c.outMu.Lock()
 	c.sending = len(out)
+	c.settleLocked()
 	c.outMu.Unlock()
 	rc.out, rc.sentAt = out, time.Now()
 	if err := e.u.Send(rc.fd, out, rc.id<<tagBits|tagSend); err != nil {

@@ -105,19 +105,37 @@ func (b *memBudget) Used() int64 {
 	return b.used.Load()
 }
 
+// chargeBatch is how many reply bytes a session queues before it adds
+// them to the budget's shared counter; the counter lags by at most this
+// much per connection.
+const chargeBatch = 4 << 10
+
 // grewLocked counts n more queued reply bytes of s; s.outMu is held.
 func (s *session) grewLocked(n int) {
-	if s.budget != nil && !s.released && n > 0 {
-		s.charged.Add(int64(n))
-		s.budget.charge(n)
+	if s.budget == nil || s.released || n <= 0 {
+		return
+	}
+	s.charged.Store(s.charged.Load() + int64(n))
+	if s.uncharged += n; s.uncharged >= chargeBatch {
+		s.settleLocked()
+	}
+}
+
+// settleLocked adds the uncharged bytes to the budget; s.outMu is held. The
+// engines call it before handing replies to the socket.
+func (s *session) settleLocked() {
+	if s.uncharged > 0 {
+		s.budget.charge(s.uncharged)
+		s.uncharged = 0
 	}
 }
 
 // sentLocked gives back the budget of n reply bytes sent; s.outMu is held.
 func (s *session) sentLocked(n int) {
+	s.settleLocked()
 	m := min(int64(n), s.charged.Load())
 	if m > 0 {
-		s.charged.Add(-m)
+		s.charged.Store(s.charged.Load() - m)
 		s.budget.release(int(m))
 	}
 }
@@ -126,7 +144,9 @@ func (s *session) sentLocked(n int) {
 // The connection calls it when it ends.
 func (s *session) releaseAll() {
 	s.outMu.Lock()
-	n := s.charged.Swap(0)
+	n := s.charged.Load() - int64(s.uncharged)
+	s.charged.Store(0)
+	s.uncharged = 0
 	s.released = true
 	s.outMu.Unlock()
 	s.budget.release(int(n))

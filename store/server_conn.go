@@ -277,6 +277,7 @@ func (c *srvConn) flush() error {
 	buf := c.out
 	c.out = c.spare[:0]
 	c.sending = len(buf)
+	c.settleLocked()
 	c.outMu.Unlock()
 	if len(buf) == 0 {
 		c.spare = buf

@@ -63,10 +63,14 @@ type session struct {
 	// budget holds: written under outMu, read without it on every request
 	// (overShare). budget is set before the session is used; released
 	// (under outMu) once the connection has given its memory back.
-	sending  int
-	charged  atomic.Int64
-	budget   *memBudget
-	released bool
+	sending int
+	charged atomic.Int64 // stored under outMu (no read-modify-write), loaded anywhere
+	// uncharged is the part of charged not yet added to the budget's
+	// shared counter: small replies are added in batches (chargeBatch, and
+	// before every send), so that a reply costs no atomic operation.
+	uncharged int
+	budget    *memBudget
+	released  bool
 
 	// conn is the connection to flush when another session's write
 	// completes one of this one's waits; nil in tests.
