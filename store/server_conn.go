@@ -123,12 +123,15 @@ var errFrameTimeout = errors.New("request not completed in time")
 // nothing meanwhile) and runs f again. The ring engine gets errOverBudget
 // back and runs the whole request again later (ring_linux.go).
 func (c *srvConn) budgeted(f func() error) error {
-	start := time.Now()
+	var start time.Time // only once it waits: a clock read costs more than the request
 	for {
 		err := f()
-		if !errors.Is(err, errOverBudget) || c.ring != nil {
+		if err == nil || c.ring != nil || !errors.Is(err, errOverBudget) {
 			c.paused = false
 			return err
+		}
+		if start.IsZero() {
+			start = time.Now()
 		}
 		if err := c.flush(); err != nil {
 			return err
