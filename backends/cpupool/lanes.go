@@ -35,6 +35,17 @@ func (b *Backend) lanesFor(n int) bool {
 	return b.cfg.WorldSize > 1 && b.mesh.Lanes() && n > 0 && n <= b.laneBytes()
 }
 
+// directFor reports whether an allreduce of n bytes reads its peers'
+// buffers in place (coll.AllreduceDirect): beyond the lanes' size, on a
+// host whose ranks may read each other's memory.
+func (b *Backend) directFor(n int) bool {
+	return b.cfg.WorldSize > 1 && b.mesh.Direct() && n > b.laneBytes()
+}
+
+// directPiece is how much of a peer's block a direct allreduce reads
+// before it reduces it: small enough to stay in cache.
+const directPiece = 128 << 10
+
 // laneOp is one lane op's view of the mesh: its tag and fingerprint bound
 // to coll.Lanes' calls.
 type laneOp struct {
@@ -48,6 +59,10 @@ func (l *laneOp) Size() int { return l.b.cfg.WorldSize }
 
 func (l *laneOp) Send(ctx context.Context, peer int, buf []byte) error {
 	return l.b.mesh.LaneSend(ctx, peer, l.tag, l.fp, buf)
+}
+
+func (l *laneOp) ReadPeer(peer int, dst []byte, addr uintptr) error {
+	return l.b.mesh.ReadPeer(peer, dst, addr)
 }
 
 func (l *laneOp) Recv(ctx context.Context, peer int, n, unit int, fn func(off int, src []byte)) error {
@@ -128,6 +143,26 @@ func (b *Backend) allreduceLanes(ctx context.Context, m backend.Meta, fp tcpmesh
 		buf := combineLocal(k, bufs, 0)
 		lo = laneOp{b: b, tag: tag, fp: fp}
 		if err := coll.AllreduceLanes(ctx, &lo, buf, k); err != nil {
+			return err
+		}
+		b.post(k, buf, b.cfg.WorldSize*len(bufs))
+		for _, o := range bufs[1:] {
+			copy(o, buf)
+		}
+		return nil
+	})
+}
+
+// allreduceDirect issues an allreduce that reads its peers' buffers in
+// place; it is a lane op (its addresses and barriers go over the lanes).
+func (b *Backend) allreduceDirect(ctx context.Context, m backend.Meta, fp tcpmesh.Fingerprint, tensors []*tensor.Tensor, bufs [][]byte, k reduce.Kernel) (backend.Work, error) {
+	var lo laneOp
+	return b.collectiveLane(ctx, backend.OpAllreduce, m, fp, tensors, func(ctx context.Context, tag uint64) error {
+		buf := combineLocal(k, bufs, 0)
+		lo = laneOp{b: b, tag: tag, fp: fp}
+		scratch := b.pool.Get(directPiece)
+		defer b.pool.Put(scratch)
+		if err := coll.AllreduceDirect(ctx, &lo, buf, k, scratch); err != nil {
 			return err
 		}
 		b.post(k, buf, b.cfg.WorldSize*len(bufs))

@@ -224,3 +224,71 @@ func TestIdleGroupCPU(t *testing.T) {
 		t.Errorf("an idle rank uses %.2f %% of a core (want <= 1 %%)", 100*share)
 	}
 }
+
+// TestDirectAllreduce runs allreduces larger than the lanes, which ranks
+// that may read each other's memory (these, of one process) run by direct
+// reads (coll.AllreduceDirect): worlds 2, 3 and 4, element sizes 1, 2, 4
+// and 8, an odd count (uneven blocks, pieces that end mid-block), SUM and
+// MAX, small integers so that the exact answer is known.
+func TestDirectAllreduce(t *testing.T) {
+	ctx := context.Background()
+	for _, n := range []int{2, 3, 4} {
+		bs := group(t, n, &cpupool.Options{Transport: "shm"})
+		for _, dt := range []tensor.DType{tensor.Int8, tensor.Float16, tensor.Float32, tensor.Float64} {
+			for _, op := range []reduceop.ReduceOp{backend.SUM, backend.MAX} {
+				each(t, bs, func(r int, b backend.Backend) error {
+					const elems = 300007
+					vals := make([]float64, elems)
+					for i := range vals {
+						vals[i] = float64((i+r)%3 + 1)
+					}
+					x, err := tensor.FromFloat64s(dt, vals)
+					if err != nil {
+						return err
+					}
+					w, err := b.Allreduce(ctx, backend.Meta{Timeout: 20 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{ReduceOp: op})
+					if err != nil {
+						return err
+					}
+					if err := w.Wait(ctx); err != nil {
+						return err
+					}
+					got, _ := x.Float64s()
+					for i, v := range got {
+						if want := laneExpect(dt, op, n, func(rank int) float64 { return float64((i+rank)%3 + 1) }); v != want {
+							return fmt.Errorf("world %d %v %v rank %d: element %d = %v, want %v", n, dt, op, r, i, v, want)
+						}
+					}
+					return nil
+				})
+			}
+		}
+	}
+}
+
+// TestDirectPeerDeath: a rank that dies (here: aborts, closing its
+// connections) while its peers wait in a direct allreduce is named by
+// them with ErrRemote, promptly.
+func TestDirectPeerDeath(t *testing.T) {
+	ctx := context.Background()
+	bs := group(t, 3, &cpupool.Options{Transport: "shm"})
+	x := tensor.New(tensor.Float32, 1<<20)
+	w0, err := bs[0].Allreduce(ctx, backend.Meta{Timeout: time.Minute}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	_ = bs[2].Abort(ctx, errors.New("simulated crash"))
+	done := make(chan error, 1)
+	go func() { done <- w0.Wait(ctx) }()
+	select {
+	case err := <-done:
+		var oe *backend.OpError
+		if !errors.Is(err, backend.ErrRemote) || !errors.As(err, &oe) || len(oe.Ranks) == 0 {
+			t.Fatalf("want ErrRemote naming a rank, got %v", err)
+		}
+		t.Log(err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("hang after peer death")
+	}
+}

@@ -102,6 +102,9 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 	if b.lanesFor(len(bufs[0])) {
 		return b.allreduceLanes(ctx, m, fp, tensors, bufs, k)
 	}
+	if b.directFor(len(bufs[0])) {
+		return b.allreduceDirect(ctx, m, fp, tensors, bufs, k)
+	}
 	return b.collective(ctx, backend.OpAllreduce, m, fp, tensors, func(ctx context.Context, tag uint64) error {
 		buf := combineLocal(k, bufs, 0)
 		if err := coll.Allreduce(ctx, b.comm, tag, buf, k); err != nil {

@@ -79,7 +79,7 @@ func (m *Mesh) offerLane(ctx context.Context, p *peer) error {
 			return nil
 		}
 		p.lane = pair
-		return nil
+		return m.probeDirect(p)
 	}
 	path, err := readStr(c)
 	if err != nil {
@@ -101,6 +101,7 @@ func (m *Mesh) offerLane(ctx context.Context, p *peer) error {
 	}
 	if oerr == nil {
 		p.lane = pair
+		return m.probeDirect(p)
 	}
 	return nil
 }

@@ -141,6 +141,7 @@ type Mesh struct {
 	fps        map[uint64]Fingerprint // the running ops' fingerprints, by tag (BeginOp)
 	shmPeers   int                    // peers reached through shared memory
 	lanes      bool                   // every peer has a lane (lanes.go)
+	direct     bool                   // and may be read directly (direct.go)
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
 
@@ -187,6 +188,7 @@ type peer struct {
 	laneGone bool
 	lhdr     [laneHdr]byte // LaneSend's header (one op at a time uses the lanes)
 	lrhdr    [laneHdr]byte // LaneRecv's
+	pid      int           // the peer's process id when ReadPeer works (direct.go), else 0
 }
 
 // Connect builds the mesh. It blocks until every connection is up or the
@@ -243,29 +245,31 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 		err = m.setupShm(ctx)
 	}
 	if err != nil {
-		for _, p := range m.peers {
-			if p != nil {
-				_ = p.conn.Close()
-				if p.pair != nil {
-					_ = p.pair.Unmap()
-				}
-				if p.lane != nil {
-					_ = p.lane.Unmap()
-				}
-			}
-		}
+		m.abandon()
 		return nil, err
 	}
-	lanes := 0
+	lanes, direct := 0, 0
 	for _, p := range m.peers {
 		if p != nil && p.pair != nil {
 			m.shmPeers++
 		}
 		if p != nil && p.lane != nil {
 			lanes++
+			if p.pid != 0 {
+				direct++
+			}
 		}
 	}
 	m.lanes = lanes == m.size-1
+	m.direct = direct == m.size-1
+	if m.lanes {
+		// Every rank must take the same path for an op: direct reads only
+		// where every pair can.
+		if err := m.agreeDirect(ctx); err != nil {
+			m.abandon()
+			return nil, err
+		}
+	}
 	local := 1 + m.shmPeers
 	oversubscribed := local > runtime.NumCPU()
 	if m.cfg.PollSpin == 0 {
@@ -291,6 +295,21 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 		}
 	}
 	return m, nil
+}
+
+// abandon undoes a setup that failed: connections closed, pairs unmapped.
+func (m *Mesh) abandon() {
+	for _, p := range m.peers {
+		if p != nil {
+			_ = p.conn.Close()
+			if p.pair != nil {
+				_ = p.pair.Unmap()
+			}
+			if p.lane != nil {
+				_ = p.lane.Unmap()
+			}
+		}
+	}
 }
 
 // Rank implements coll.Transport.

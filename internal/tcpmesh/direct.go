@@ -1,0 +1,100 @@
+package tcpmesh
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"unsafe"
+
+	"github.com/gocoll/gocoll/internal/shm"
+)
+
+// Direct reads: ranks of one host that may read each other's memory
+// (process_vm_readv: same user, no ptrace restriction in the way) run
+// large allreduces by reading their peers' buffers in place
+// (coll.AllreduceDirect), one copy where the rings cost two. Whether a
+// pair can is found out when its lane is set up: each side reads a word
+// that the other published, and both must succeed.
+
+const probeMagic = 0x676f636f6c6c4d41 // "gocollMA"
+
+// probeDirect finds out whether this rank and p can read each other's
+// memory; the lane is set up.
+func (m *Mesh) probeDirect(p *peer) error {
+	c := p.conn
+	word := new(uint64)
+	*word = probeMagic
+	var out [12]byte
+	binary.LittleEndian.PutUint32(out[0:], uint32(os.Getpid()))
+	binary.LittleEndian.PutUint64(out[4:], uint64(uintptr(unsafe.Pointer(word))))
+	if _, err := c.Write(out[:]); err != nil {
+		return err
+	}
+	var in [12]byte
+	if _, err := io.ReadFull(c, in[:]); err != nil {
+		return err
+	}
+	pid := int(binary.LittleEndian.Uint32(in[0:]))
+	var got [8]byte
+	ok := shm.ReadPeer(pid, got[:], uintptr(binary.LittleEndian.Uint64(in[4:]))) == nil && binary.LittleEndian.Uint64(got[:]) == probeMagic
+	ack := []byte{0}
+	if ok {
+		ack[0] = 1
+	}
+	if _, err := c.Write(ack); err != nil {
+		return err
+	}
+	if _, err := io.ReadFull(c, ack); err != nil {
+		return err
+	}
+	// word must stay alive until the peer has read it, which its ack says.
+	if ok && ack[0] == 1 && *word == probeMagic {
+		p.pid = pid
+	}
+	return nil
+}
+
+// Direct reports whether every peer has a lane and this rank and it can
+// read each other's memory (ReadPeer).
+func (m *Mesh) Direct() bool { return m.direct }
+
+// ReadPeer copies len(dst) bytes at addr in peer's memory into dst. The
+// peer must keep them there until this rank says it is done (over the
+// lanes). A failure (the peer died) breaks the mesh, naming the peer.
+func (m *Mesh) ReadPeer(peer int, dst []byte, addr uintptr) error {
+	p := m.peers[peer]
+	if err := shm.ReadPeer(p.pid, dst, addr); err != nil {
+		perr := &PeerError{Rank: peer, Err: fmt.Errorf("direct read: %w", err)}
+		m.fail(perr)
+		return m.errOr(perr)
+	}
+	return nil
+}
+
+// agreeDirect makes m.direct the same on every rank: each publishes its
+// own answer under "tcpmesh/direct/<rank>" and reads the others'.
+func (m *Mesh) agreeDirect(ctx context.Context) error {
+	mine := []byte{'0'}
+	if m.direct {
+		mine[0] = '1'
+	}
+	if err := m.cfg.Store.Set(ctx, "tcpmesh/direct/"+strconv.Itoa(m.rank), mine); err != nil {
+		return fmt.Errorf("tcpmesh: publishing direct reads: %w", err)
+	}
+	for r := range m.size {
+		if r == m.rank {
+			continue
+		}
+		v, err := m.cfg.Store.Get(ctx, "tcpmesh/direct/"+strconv.Itoa(r))
+		if err != nil {
+			return fmt.Errorf("tcpmesh: rank %d waiting for rank %d's direct reads: %w", m.rank, r, err)
+		}
+		if len(v) != 1 || v[0] != '1' {
+			m.direct = false
+		}
+	}
+	return nil
+}
