@@ -25,6 +25,12 @@
 // ErrRemote naming it, at once; the backend is unusable afterwards, as a
 // Gloo context is.
 //
+// On one host (every peer in shared memory) allreduce takes fast paths
+// (lanes.go): up to SmallBytes, recursive doubling over the mesh's lanes
+// on the op's own goroutine, reducing straight out of shared memory;
+// beyond, direct reads of the peers' buffers (process_vm_readv) where the
+// ranks may read each other's memory.
+//
 // Algorithms live in internal/coll: recursive doubling for small
 // allreduces, pipelined ring reduce-scatter + all-gather for large ones,
 // binomial trees for broadcast, reduce, gather and scatter, pairwise

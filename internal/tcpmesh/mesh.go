@@ -40,8 +40,15 @@
 // closes in order says goodbye first; then only receives from that peer
 // fail (it may close while slower ranks still finish with the others).
 //
+// Lanes and direct reads: every shared-memory peer also gets a lane, a
+// second pair of rings that only the running op's goroutine reads (the
+// backend runs small ops over them in issue order, one at a time), and
+// ranks that may read each other's memory run large ops by reading the
+// peers' buffers in place (lanes.go, direct.go).
+//
 // The source follows these concerns: mesh.go (config, set-up, close),
 // rendezvous.go, shm.go (the shared-memory hand-off and ring readers),
+// lanes.go and direct.go (the fast paths of one host),
 // poll.go (receives that poll a ring themselves), framing.go (the wire),
 // matching.go (messages to receives), requests.go (Req), failure.go
 // (errors and how failures spread) and list.go (the queues of matching).
