@@ -29,8 +29,11 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
+	"github.com/gocoll/gocoll/dispatcher"
+	"github.com/gocoll/gocoll/metrics"
 	"github.com/gocoll/gocoll/store"
 )
 
@@ -85,6 +88,7 @@ func serve(args []string) error {
 	frameTimeout := fs.Duration("frame-timeout", 0, "time a begun request has to arrive whole (default 30s; idle connections are never timed out)")
 	engine := fs.String("engine", "auto", "how connections are driven: auto, ring (io_uring) or goroutines (default $"+store.EngineEnv+", else auto)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (diagnostics)")
+	metricsAddr := fs.String("metrics-addr", "", "serve the server's Prometheus metrics at http://HOST:PORT/metrics (default $"+dispatcher.MetricsAddrEnv+"; off when empty)")
 	_ = fs.Parse(args)
 	if *secretArg != "" {
 		return fmt.Errorf("--secret is no longer accepted: a secret on the command line is visible to every user in ps; put it in a file for --secret-file, or in $%s", store.SecretEnv)
@@ -126,12 +130,20 @@ func serve(args []string) error {
 	if err != nil {
 		log.Warn("gocoll-store: could not raise RLIMIT_NOFILE", "err", err)
 	}
+	exp, setServer, err := serveMetrics(*metricsAddr, log, &o)
+	if err != nil {
+		return err
+	}
+	if exp != nil {
+		defer exp.Close()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv, err := store.NewTCPServer(ctx, o)
 	if err != nil {
 		return err
 	}
+	setServer(srv)
 	auth := "off"
 	if len(o.Secret) > 0 || os.Getenv(store.SecretEnv) != "" {
 		auth = "on"
@@ -146,6 +158,43 @@ func serve(args []string) error {
 	<-ctx.Done()
 	log.Info("gocoll-store shutting down")
 	return srv.Close()
+}
+
+// serveMetrics turns on the store server's metrics (the gocoll_store_server_*
+// series of package metrics) when addr, or else GOCOLL_METRICS_ADDR, names
+// an address: it sets o.Observer and serves /metrics there. setServer hands
+// it the server, whose connection and queued-bytes gauges are read at each
+// scrape; until then they read zero. With no address it returns a nil
+// Exporter and a setServer that does nothing.
+func serveMetrics(addr string, log *slog.Logger, o *store.ServerOptions) (exp *metrics.Exporter, setServer func(*store.TCPServer), err error) {
+	name := "--metrics-addr"
+	if addr == "" {
+		addr, name = os.Getenv(dispatcher.MetricsAddrEnv), dispatcher.MetricsAddrEnv
+	}
+	if addr == "" {
+		return nil, func(*store.TCPServer) {}, nil
+	}
+	// A standalone server has no job to keep going: a bad address is an
+	// error here, where a rank only logs it (metrics.Exporter.Start).
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, nil, fmt.Errorf("%s=%q: %w", name, addr, err)
+	}
+	var srv atomic.Pointer[store.TCPServer]
+	exp = metrics.New(metrics.Options{Logger: log})
+	o.Observer = exp.StoreServer(func() store.ServerStats {
+		if s := srv.Load(); s != nil {
+			return s.Stats()
+		}
+		return store.ServerStats{}
+	})
+	if err := exp.Start(dispatcher.MetricsProcess{Rank: 0, WorldSize: 1, Addr: addr}); err != nil {
+		return nil, nil, err
+	}
+	if exp.Addr() == nil {
+		exp.Close()
+		return nil, nil, fmt.Errorf("%s=%q: cannot listen there (see the log line above)", name, addr)
+	}
+	return exp, func(s *store.TCPServer) { srv.Store(s) }, nil
 }
 
 // loopbackOnly reports whether a listens on a loopback address only.
