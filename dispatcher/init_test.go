@@ -34,11 +34,14 @@ func init() {
 }
 
 // A rank that never calls Init is named by every other rank once the Init
-// timeout has passed (+10 %), although the backend's wire-up waited for it
-// first: the wire-up and the barrier share one deadline.
+// timeout has passed, although the backend's wire-up waited for it first:
+// the wire-up and the barrier share one deadline. The bound is 1.5x the
+// timeout, not the goal's +10 %: it still fails when each phase has a
+// deadline of its own (2x), and a loaded CI machine's scheduling does not
+// fail it. scripts/faults.sh measures the +10 % goal at a 10 s timeout.
 func TestInitOneDeadlineNamesRankThatNeverJoined(t *testing.T) {
 	st := store.NewHashStore()
-	const timeout = 500 * time.Millisecond
+	const timeout = time.Second
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	took := make([]time.Duration, 4)
@@ -58,8 +61,8 @@ func TestInitOneDeadlineNamesRankThatNeverJoined(t *testing.T) {
 		if !strings.Contains(errs[r].Error(), "3 of 4 ranks joined") {
 			t.Fatalf("rank %d message: %v", r, errs[r])
 		}
-		if took[r] > timeout*11/10 {
-			t.Fatalf("rank %d failed after %v, past the timeout %v + 10%%", r, took[r], timeout)
+		if took[r] > timeout*3/2 {
+			t.Fatalf("rank %d failed after %v, past 1.5x the timeout %v: the phases do not share one deadline", r, took[r], timeout)
 		}
 	}
 }
