@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds .gpu/final/: conftest, the nccl test binary, sid's libucc .debs and
+# run.sh, the end-of-session proof on nvidia-h200 in one device call
+# (GPU.md: `run` with carry [".gpu/final"], command `bash .gpu/final/run.sh`):
+# `conftest --backend nccl --nproc 1` (the whole suite), `go test
+# ./backends/nccl` at world 1, and the staged-CUDA stream and float32 specs
+# of cpupool and ucc. Everything comes back as one tarball.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf .gpu/final/conftest .gpu/final/nccl.test .gpu/final/run.sh
+mkdir -p .gpu/final
+export CGO_ENABLED=1
+go build -trimpath -ldflags='-s -w' -o .gpu/final/conftest ./cmd/conftest
+go test -c -trimpath -ldflags='-s -w' -o .gpu/final/nccl.test ./backends/nccl
+if ! ls .gpu/final/debs/libucc1_*.deb >/dev/null 2>&1; then
+	scripts/ucc-debs.sh .gpu/final/debs
+fi
+cat > .gpu/final/run.sh <<'RUN'
+#!/usr/bin/env bash
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT/r"
+R=$OUT/r
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0
+{ date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; ls -l /usr/lib/x86_64-linux-gnu/libnccl.so* 2>/dev/null; nproc; } > "$R/machine.txt" 2>&1
+step() { local name=$1 limit=$2; shift 2; timeout "$limit" "$@" > "$R/$name.log" 2>&1; echo "$name rc=$? $(grep -E 'passed|failed|^ok|^FAIL|^PASS' "$R/$name.log" | tail -1)" >> "$R/summary.txt"; }
+GOCOLL_CONFTEST_CHILD_DIR="$R/children" step conftest-nccl-world1 150 \
+	.gpu/final/conftest --backend nccl --nproc 1 --timeout 15s --run-timeout 140s --report "$R/conftest-nccl-world1"
+(cd backends/nccl && CUDA_VISIBLE_DEVICES=0 step nccl-test-world1 120 ../../.gpu/final/nccl.test -test.v -test.count=1 -test.timeout=115s)
+sem='(stream || async || lifetime) && !stress && !timeout'
+ops='ops && !stress && !timeout'
+stage() { local name=$1 be=$2 lf=$3 focus=${4:-}
+	step "$name" 22 .gpu/final/conftest --backend "$be" --nproc 1 --label-filter "$lf" ${focus:+--focus "$focus"} --timeout 10s --run-timeout 20s --report "$R/$name"; }
+stage cpupool-stream "cpu:cpupool,cuda:cpupool" "$sem"
+stage cpupool-ops "cpu:cpupool,cuda:cpupool" "$ops" float32
+if source scripts/ucc-gpu-env.sh .gpu/final/debs > "$R/ucc-env.log" 2>&1; then
+	stage ucc-stream "cpu:ucc,cuda:ucc" "$sem"
+	stage ucc-ops "cpu:ucc,cuda:ucc" "$ops" float32
+else
+	echo "ucc: scripts/ucc-gpu-env.sh failed (see ucc-env.log)" >> "$R/summary.txt"
+fi
+cat "$R/summary.txt"
+grep -hE '^\s*\[FAIL\]|--- FAIL|panic:' "$R"/*.log | head -20
+rm -rf "$R/children"
+tar -C "$R" -czf "$OUT/final.tgz" . && rm -rf "$R"
+RUN
+chmod +x .gpu/final/run.sh
+du -sh .gpu/final
