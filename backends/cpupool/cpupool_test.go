@@ -50,6 +50,28 @@ func group(t *testing.T, n int, opts *cpupool.Options) []backend.Backend {
 // on the backend directly with a zero Meta have no timeout, so a bug that
 // lets the ranks fall out of step must fail here, not hang until go
 // test's deadline.
+// checkUsable runs one allreduce on every rank of bs and checks its sums:
+// after a failed op the group must stay usable, with no straggler of the
+// failed op leaking into the next one.
+func checkUsable(ctx context.Context, t *testing.T, bs []backend.Backend, meta backend.Meta) {
+	t.Helper()
+	each(t, bs, func(r int, b backend.Backend) error {
+		x, _ := tensor.FromSlice([]float32{1, float32(r)})
+		w, err := b.Allreduce(ctx, meta, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+		if err != nil {
+			return err
+		}
+		if err := w.Wait(ctx); err != nil {
+			return err
+		}
+		n := len(bs)
+		if got, _ := tensor.ToSlice[float32](x); got[0] != float32(n) || got[1] != float32(n*(n-1)/2) {
+			return fmt.Errorf("rank %d: allreduce after the failure: %v", r, got)
+		}
+		return nil
+	})
+}
+
 func each(t *testing.T, bs []backend.Backend, f func(r int, b backend.Backend) error) {
 	t.Helper()
 	errs := make([]error, len(bs))
@@ -279,21 +301,7 @@ func TestMismatchedSizes(t *testing.T) {
 			}
 			// The group stays usable: stragglers of the failed op must
 			// not leak into the next one.
-			each(t, bs, func(r int, b backend.Backend) error {
-				x, _ := tensor.FromSlice([]float32{1, float32(r)})
-				w, err := b.Allreduce(ctx, backend.Meta{}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
-				if err != nil {
-					return err
-				}
-				if err := w.Wait(ctx); err != nil {
-					return err
-				}
-				n := len(bs)
-				if got, _ := tensor.ToSlice[float32](x); got[0] != float32(n) || got[1] != float32(n*(n-1)/2) {
-					return fmt.Errorf("rank %d: allreduce after the failure: %v", r, got)
-				}
-				return nil
-			})
+			checkUsable(ctx, t, bs, backend.Meta{})
 		})
 	}
 }
