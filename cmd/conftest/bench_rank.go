@@ -435,15 +435,11 @@ func benchRank(args []string) error {
 		runners = append(runners, raw)
 	}
 	if f.cpuprofile != "" && pg.Rank() == 0 {
-		pf, err := os.Create(f.cpuprofile)
+		stop, err := startCPUProfile(f.cpuprofile)
 		if err != nil {
 			return err
 		}
-		defer pf.Close()
-		if err := pprof.StartCPUProfile(pf); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	r, n := pg.Rank(), pg.Size()
 	maxBytes := 0
@@ -557,3 +553,17 @@ func barrier(ctx context.Context, pg *dispatcher.ProcessGroup) error {
 }
 
 var errNoRawNCCL = errors.New("--raw-nccl needs --backend nccl")
+
+// startCPUProfile writes a CPU profile of this process to path until stop
+// is called (the --cpuprofile flags of bench and bench hostcost).
+func startCPUProfile(path string) (stop func(), err error) {
+	pf, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(pf); err != nil {
+		pf.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); pf.Close() }, nil
+}

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -181,15 +180,11 @@ func benchHostCost(args []string) error {
 	}
 	time.Sleep(300 * time.Millisecond)
 	if f.cpuProfile != "" {
-		pf, err := os.Create(f.cpuProfile)
+		stop, err := startCPUProfile(f.cpuProfile)
 		if err != nil {
 			return err
 		}
-		defer pf.Close()
-		if err := pprof.StartCPUProfile(pf); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	var samples []hcSample
 	torchAfter := map[int]bool{}
