@@ -44,10 +44,14 @@ type ringEngine struct {
 	// memory is released (retryBudget set) and at every tick.
 	budgetWait  []*ringConn
 	retryBudget bool
+	// offloads counts the large requests running on goroutines (offload);
+	// shutdown waits for them before it tears their connections down.
+	offloads sync.WaitGroup
 
 	mu       sync.Mutex // guards the mailbox below
 	incoming []*ringConn
 	kicked   []*srvConn
+	finished []*ringConn  // offloaded requests that have run
 	stopping bool         // Close asked the engine to stop
 	stopped  bool         // the engine takes no more mail
 	live     atomic.Int64 // connections adopted and not yet closed
@@ -82,6 +86,13 @@ type ringConn struct {
 	// endErr once the replies already queued are sent.
 	ending bool
 	endErr error
+	// busy: the request at the head of in (busyN bytes) runs on a
+	// goroutine (offload); until it is back, the engine neither handles,
+	// reads nor tears down the connection, and the goroutine owns the
+	// parser (src, the srvConn's reader and scratch). busyErr is its result.
+	busy    bool
+	busyN   int
+	busyErr error
 }
 
 // Completion tags, in the low bits of user data; the rest is the
@@ -109,6 +120,15 @@ const (
 	// torch's rate and changed nothing at 64 and 256 connections, for ~10
 	// more points of CPU at 5 k ops/s; 16 is what the later runs used.
 	ringSpin = 16
+
+	// ringOffloadBytes is the request size from which the engine runs a
+	// request on a goroutine instead of its own thread (offload). A
+	// MULTI_SET of 128 Ki keys (2.4 MB) took 140-280 ms to parse and
+	// apply here, and every other connection waited that long; a request
+	// of 32 KiB holds at most ~1.8 Ki keys, a few milliseconds, while the
+	// goroutine and the mailbox round trip cost ~10 µs, which small
+	// requests, the ones the engine exists for, never pay.
+	ringOffloadBytes = 32 << 10
 )
 
 // startRing starts the engine's thread, or returns uring.ErrUnsupported.
@@ -272,10 +292,13 @@ func (e *ringEngine) poll() bool {
 // starts the shutdown.
 func (e *ringEngine) takeMail() {
 	e.mu.Lock()
-	incoming, kicked, stopping := e.incoming, e.kicked, e.stopping
-	e.incoming, e.kicked = nil, nil
+	incoming, kicked, finished, stopping := e.incoming, e.kicked, e.finished, e.stopping
+	e.incoming, e.kicked, e.finished = nil, nil, nil
 	e.mail.Store(false)
 	e.mu.Unlock()
+	for _, rc := range finished {
+		e.offloaded(rc)
+	}
 	for _, rc := range incoming {
 		e.ids++
 		rc.id = e.ids
@@ -393,6 +416,9 @@ func (e *ringEngine) finish(rc *ringConn, err error) {
 }
 
 func (e *ringEngine) handle(rc *ringConn) error {
+	if rc.busy {
+		return nil // offloaded takes the connection up again
+	}
 	c, b := rc.c, rc.in
 	if !rc.detected && len(b) > 0 {
 		c.dialect = DialectV1
@@ -423,6 +449,10 @@ func (e *ringEngine) handle(rc *ringConn) error {
 			rc.need = need
 			partial = true
 			break
+		}
+		if n >= ringOffloadBytes {
+			e.offload(rc, b, n)
+			return nil
 		}
 		rc.src.b = b[:n]
 		if err := c.handleOne(); err != nil {
@@ -524,7 +554,7 @@ func (e *ringEngine) send(rc *ringConn) {
 // recv posts a receive, unless one is posted, the connection is ending,
 // or requests wait for replies to drain (handle).
 func (e *ringEngine) recv(rc *ringConn) {
-	if rc.recving || rc.closing || rc.ending || rc.held || rc.budgetWaiting {
+	if rc.recving || rc.closing || rc.ending || rc.held || rc.budgetWaiting || rc.busy {
 		return
 	}
 	if len(rc.in) == 0 && cap(rc.in) > ringMaxGrow {
@@ -568,7 +598,11 @@ func (e *ringEngine) close(rc *ringConn, err error) {
 	}
 	e.s.budget.release(rc.inCharged)
 	rc.inCharged = 0
-	rc.c.teardown()
+	if !rc.busy {
+		// A busy connection's request still runs on the state (its
+		// session's waits and replies): offloaded tears it down after.
+		rc.c.teardown()
+	}
 	e.retryBudget = true
 	_ = syscall.Shutdown(rc.fd, syscall.SHUT_RDWR)
 	e.release(rc)
@@ -577,7 +611,7 @@ func (e *ringEngine) close(rc *ringConn, err error) {
 // release closes a closing connection's socket once the kernel holds none
 // of its buffers.
 func (e *ringEngine) release(rc *ringConn) {
-	if rc.recving || rc.out != nil {
+	if rc.recving || rc.out != nil || rc.busy {
 		return
 	}
 	if _, ok := e.conns[rc.id]; ok {
@@ -609,6 +643,18 @@ func (e *ringEngine) shutdown() {
 	incoming := e.incoming
 	e.incoming, e.stopped = nil, true
 	e.mu.Unlock()
+	// The offloaded requests end on their own (they parse bytes already
+	// received and run on the state); their mail is refused from now on,
+	// so their connections are taken up here.
+	e.offloads.Wait()
+	for _, rc := range e.conns {
+		if rc.busy {
+			rc.busy = false
+			if rc.closing {
+				rc.c.teardown()
+			}
+		}
+	}
 	for _, rc := range incoming {
 		rc.c.teardown()
 		_ = syscall.Close(rc.fd)
@@ -628,4 +674,72 @@ func (e *ringEngine) shutdown() {
 	e.quit = true
 	_ = e.u.Close()
 	_ = syscall.Close(e.efd)
+}
+
+// offload runs the complete request of n bytes at the head of b, the rest
+// of rc.in, on a goroutine, so that a large one (a MULTI_SET, MULTI_GET,
+// WAIT or CHECK of many keys, or a large value) does not hold every other
+// connection of the engine while it is parsed and applied. The request
+// runs whole, as on the goroutine engine: its state operation takes st.mu
+// once, so a MULTI_SET becomes visible to other clients all at once, as
+// on the goroutine engine and torch's single-threaded server (no partial
+// visibility), and its wake-ups are those of the same code. rc is held
+// meanwhile, no request after this one is handled and nothing more is
+// read, so replies stay in order; replies queued before it are sent
+// (send takes outMu, as the goroutine's replies do).
+func (e *ringEngine) offload(rc *ringConn, b []byte, n int) {
+	if off := len(rc.in) - len(b); off > 0 {
+		// The request goes to the head of in now: nothing moves the
+		// bytes while the goroutine reads them.
+		rc.in = rc.in[:copy(rc.in, b)]
+	}
+	rc.src.b = rc.in[:n]
+	rc.busy, rc.busyN, rc.busyErr = true, n, nil
+	e.partial(rc, false)
+	e.offloads.Add(1)
+	go func() {
+		defer e.offloads.Done()
+		err := rc.c.handleOne()
+		if err == nil && len(rc.src.b) != 0 {
+			err = errFrameMismatch
+		}
+		rc.busyErr = err
+		// Refused once the engine stops: shutdown then takes rc up.
+		e.post(func() { e.finished = append(e.finished, rc) })
+	}()
+}
+
+// offloaded takes rc up again on the engine's thread once its offloaded
+// request has run: as handle does after a request, then the requests
+// behind it, the replies and the next receive.
+func (e *ringEngine) offloaded(rc *ringConn) {
+	rc.busy = false
+	c, err := rc.c, rc.busyErr
+	rc.src.b = nil
+	if rc.closing {
+		// Closed meanwhile (a send failed, WriteTimeout, shutdown): the
+		// teardown close left for now.
+		c.teardown()
+		e.release(rc)
+		return
+	}
+	if err != nil {
+		if errors.Is(err, errOverBudget) {
+			// The reply does not fit the budget: the request stays in,
+			// to run again once memory is released.
+			rc.held = true
+			e.waitBudget(rc)
+			return
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			err = fmt.Errorf("%w: %w", errFrameMismatch, err)
+		}
+		e.finish(rc, err)
+		return
+	}
+	c.paused = false
+	rc.in = rc.in[:copy(rc.in, rc.in[rc.busyN:])]
+	rc.need = 1
+	c.trimScratch()
+	e.received(rc)
 }
