@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -236,5 +237,103 @@ func TestEnginesAuthThenPipelined(t *testing.T) {
 		if _, err := io.ReadFull(nc, got); err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("%v: got %q, %v; want %q", e, got, err, want)
 		}
+	}
+}
+
+// TestBigRequestsMidApply: large requests, which the ring engine runs on a
+// goroutine (ringEngine.offload), keep their connection's reply order, and
+// a connection reset or a server Close while one runs leaves the server
+// serving, the wait index clean and the memory budget given back.
+func TestBigRequestsMidApply(t *testing.T) {
+	const n = 20_000 // ~400 KiB a MULTI_SET, over ringOffloadBytes
+	keys := make([]string, n)
+	cMultiSet, _ := encodeOp(DialectV2, opMultiSet)
+	cMultiGet, _ := encodeOp(DialectV2, opMultiGet)
+	ms := appendU64([]byte{cMultiSet}, uint64(n))
+	for i := range keys {
+		keys[i] = "/m/" + strconv.Itoa(i)
+		ms = appendStr(appendStr(ms, keys[i]), "v")
+	}
+	for _, eng := range engines(t) {
+		t.Run(eng.String(), func(t *testing.T) {
+			srv, _ := newTestServer(t, ServerOptions{Engine: eng})
+			addr := srv.Addr().String()
+			// Order: small, big, small, big on one connection, pipelined.
+			r := rawDial(t, addr, DialectV2)
+			script := append(req(cSet, "/a", "1"), req(cGet, "/a")...)
+			script = append(append(script, ms...), req(cMultiGet, keys)...)
+			script = append(append(script, req(cGet, "/a")...), req(cCheck, keys)...)
+			r.send(script)
+			want := appendStr(nil, "1")
+			for range n {
+				want = appendStr(want, "v")
+			}
+			want = append(appendStr(want, "1"), replyReady)
+			r.want(len(want), want)
+			waited := func() int {
+				srv.st.mu.Lock()
+				defer srv.st.mu.Unlock()
+				return len(srv.st.waiters)
+			}
+			base := srv.budget.Used()
+
+			// busy starts a connection with a WAIT that never ends, a
+			// GET whose 768 KiB reply it does not read (under the 1 MiB a
+			// connection may queue before its requests wait), and a MULTI_SET
+			// of DefaultMaxKeysPerRequest keys, which the server is likely
+			// to run while the reply is in flight when busy returns.
+			r.send(req(cSet, "/v", bytes.Repeat([]byte{'x'}, 768<<10)))
+			r.send(req(cGet, "/v"))
+			if _, err := r.recv(8+768<<10, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			huge := appendU64([]byte{cMultiSet}, uint64(DefaultMaxKeysPerRequest))
+			for i := range DefaultMaxKeysPerRequest {
+				huge = appendStr(appendStr(huge, "/h/"+strconv.Itoa(i)), "v")
+			}
+			busy := func() net.Conn {
+				nc, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { nc.Close() })
+				_ = nc.(*net.TCPConn).SetReadBuffer(4 << 10)
+				script := append(appendU32([]byte{0}, validationMagic), req(cWait, []string{"/never"})...)
+				script = append(script, req(cGet, "/v")...)
+				if _, err := nc.Write(append(script, huge...)); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(20 * time.Millisecond)
+				return nc
+			}
+			// A reset while the server may be running a request.
+			for range 3 {
+				nc := busy()
+				_ = nc.(*net.TCPConn).SetLinger(0)
+				_ = nc.Close()
+			}
+			r.send(req(cGet, "/a"))
+			r.want(9, appendStr(nil, "1"))
+			deadline := time.Now().Add(10 * time.Second)
+			for srv.numConns() > 1 || srv.budget.Used() > base || waited() != 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("after the resets: %d connections, budget %d bytes held (%d before), %d keys waited on", srv.numConns(), srv.budget.Used(), base, waited())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+
+			// Close while big requests are queued and running.
+			busy()
+			done := make(chan error, 1)
+			go func() { done <- srv.Close() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("Close did not return with a big request running")
+			}
+		})
 	}
 }
