@@ -50,6 +50,36 @@ func group(t *testing.T, n int, opts *cpupool.Options) []backend.Backend {
 // on the backend directly with a zero Meta have no timeout, so a bug that
 // lets the ranks fall out of step must fail here, not hang until go
 // test's deadline.
+// refusedAllreduce runs an allreduce of input(r) on every rank r of bs,
+// inputs the ranks disagree on, and checks that every rank fails with
+// ErrInvalidArgument, quickly (not at its 15 s op timeout). It returns the
+// ranks' errors.
+func refusedAllreduce(ctx context.Context, t *testing.T, bs []backend.Backend, input func(r int) *tensor.Tensor) []error {
+	t.Helper()
+	errs := make([]error, len(bs))
+	start := time.Now()
+	var wg sync.WaitGroup
+	for r, b := range bs {
+		wg.Go(func() {
+			w, err := b.Allreduce(ctx, backend.Meta{Timeout: 15 * time.Second}, []*tensor.Tensor{input(r)}, backend.AllreduceOptions{})
+			if err == nil {
+				err = w.Wait(ctx)
+			}
+			errs[r] = err
+		})
+	}
+	wg.Wait()
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("took %v: a rank waited for its timeout", el)
+	}
+	for r, err := range errs {
+		if !errors.Is(err, backend.ErrInvalidArgument) {
+			t.Errorf("rank %d: want ErrInvalidArgument, got %v", r, err)
+		}
+	}
+	return errs
+}
+
 // checkUsable runs one allreduce on every rank of bs and checks its sums:
 // after a failed op the group must stay usable, with no straggler of the
 // failed op leaking into the next one.
@@ -275,28 +305,7 @@ func TestMismatchedSizes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bs := group(t, len(tc.elems), nil)
-			errs := make([]error, len(bs))
-			start := time.Now()
-			var wg sync.WaitGroup
-			for r, b := range bs {
-				wg.Go(func() {
-					x := tensor.New(tensor.Float32, tc.elems[r])
-					w, err := b.Allreduce(ctx, backend.Meta{Timeout: 15 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
-					if err == nil {
-						err = w.Wait(ctx)
-					}
-					errs[r] = err
-				})
-			}
-			wg.Wait()
-			if el := time.Since(start); el > 5*time.Second {
-				t.Errorf("took %v: a rank waited for its timeout", el)
-			}
-			for r, err := range errs {
-				if !errors.Is(err, backend.ErrInvalidArgument) {
-					t.Errorf("rank %d: want ErrInvalidArgument, got %v", r, err)
-					continue
-				}
+			for r, err := range refusedAllreduce(ctx, t, bs, func(r int) *tensor.Tensor { return tensor.New(tensor.Float32, tc.elems[r]) }) {
 				t.Logf("rank %d: %v", r, err)
 			}
 			// The group stays usable: stragglers of the failed op must
