@@ -45,18 +45,10 @@ func TestLaneAllreduce(t *testing.T) {
 					for i := range vals {
 						vals[i] = val(r, i)
 					}
-					x, err := tensor.FromFloat64s(dt, vals)
+					got, err := allreduceValues(ctx, b, dt, op, vals)
 					if err != nil {
 						return err
 					}
-					w, err := b.Allreduce(ctx, backend.Meta{Timeout: 20 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{ReduceOp: op})
-					if err != nil {
-						return err
-					}
-					if err := w.Wait(ctx); err != nil {
-						return err
-					}
-					got, _ := x.Float64s()
 					for i, v := range got {
 						want := laneExpect(dt, op, n, func(rank int) float64 { return val(rank, i) })
 						if v != want && !(dt == tensor.Bool && (v != 0) == (want != 0)) {
@@ -206,18 +198,10 @@ func TestDirectAllreduce(t *testing.T) {
 					for i := range vals {
 						vals[i] = float64((i+r)%3 + 1)
 					}
-					x, err := tensor.FromFloat64s(dt, vals)
+					got, err := allreduceValues(ctx, b, dt, op, vals)
 					if err != nil {
 						return err
 					}
-					w, err := b.Allreduce(ctx, backend.Meta{Timeout: 20 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{ReduceOp: op})
-					if err != nil {
-						return err
-					}
-					if err := w.Wait(ctx); err != nil {
-						return err
-					}
-					got, _ := x.Float64s()
 					for i, v := range got {
 						if want := laneExpect(dt, op, n, func(rank int) float64 { return float64((i+rank)%3 + 1) }); v != want {
 							return fmt.Errorf("world %d %v %v rank %d: element %d = %v, want %v", n, dt, op, r, i, v, want)
@@ -255,4 +239,21 @@ func TestDirectPeerDeath(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("hang after peer death")
 	}
+}
+
+// allreduceValues allreduces vals, as a tensor of dtype dt, with op on b
+// and returns the result as float64s.
+func allreduceValues(ctx context.Context, b backend.Backend, dt tensor.DType, op reduceop.ReduceOp, vals []float64) ([]float64, error) {
+	x, err := tensor.FromFloat64s(dt, vals)
+	if err != nil {
+		return nil, err
+	}
+	w, err := b.Allreduce(ctx, backend.Meta{Timeout: 20 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{ReduceOp: op})
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Wait(ctx); err != nil {
+		return nil, err
+	}
+	return x.Float64s()
 }
