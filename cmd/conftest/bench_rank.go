@@ -40,6 +40,9 @@ type benchCase struct {
 	inPlace  bool //
 	r, n     int
 	rootOnly bool // reduce: only the root's output is defined
+	// ins and outs are in and out as one-tensor lists, built once so
+	// that the timed loop allocates none per op.
+	ins, outs []*tensor.Tensor
 	// spare are the same layout over other buffers, for the host
 	// backends' timed loop (see pgRunner.run); empty on the GPU.
 	spare []*benchCase
@@ -103,6 +106,7 @@ func newCase(op string, send, recv *tensor.Tensor, count, r, n int, inPlace bool
 	default:
 		return nil, fmt.Errorf("no op %q", op)
 	}
+	c.ins, c.outs = []*tensor.Tensor{c.in}, []*tensor.Tensor{c.out}
 	return c, nil
 }
 
@@ -252,7 +256,13 @@ type pgRunner struct {
 	series string
 	pg     *dispatcher.ProcessGroup
 	dev    *benchDevice
-	works  []backend.Work
+	depth  int // --depth: ops in flight on the host (0: one per buffer pair)
+	// slots and works are run's scratch, kept between runs so that a
+	// timed batch allocates nothing: the buffer pairs in turn, and the
+	// Works of the op in flight on each (two for sendrecv).
+	slots []*benchCase
+	works [][2]backend.Work
+	all   [][2]backend.Work // the GPU's: every op of the batch
 }
 
 func (p *pgRunner) name() string { return p.series }
@@ -269,87 +279,122 @@ func (p *pgRunner) supports(op string, inPlace bool, n int) bool {
 	return true
 }
 
-func (p *pgRunner) issue(ctx context.Context, c *benchCase) error {
-	var w backend.Work
-	var err error
+// issue queues one op of c and returns its Works (the second only for
+// sendrecv).
+func (p *pgRunner) issue(ctx context.Context, c *benchCase) (w [2]backend.Work, err error) {
 	switch c.op {
 	case opAllreduce:
-		w, err = p.pg.Allreduce(ctx, []*tensor.Tensor{c.out}, backend.AllreduceOptions{})
+		w[0], err = p.pg.Allreduce(ctx, c.outs, backend.AllreduceOptions{})
 	case opAllgather:
-		w, err = p.pg.AllgatherIntoTensor(ctx, c.out, c.in, backend.AllgatherIntoTensorOptions{})
+		w[0], err = p.pg.AllgatherIntoTensor(ctx, c.out, c.in, backend.AllgatherIntoTensorOptions{})
 	case opReduceScatter:
-		w, err = p.pg.ReduceScatterTensor(ctx, c.out, c.in, backend.ReduceScatterTensorOptions{})
+		w[0], err = p.pg.ReduceScatterTensor(ctx, c.out, c.in, backend.ReduceScatterTensorOptions{})
 	case opBroadcast:
-		w, err = p.pg.Broadcast(ctx, []*tensor.Tensor{c.out}, backend.BroadcastOptions{})
+		w[0], err = p.pg.Broadcast(ctx, c.outs, backend.BroadcastOptions{})
 	case opReduce:
-		w, err = p.pg.Reduce(ctx, []*tensor.Tensor{c.out}, backend.ReduceOptions{})
+		w[0], err = p.pg.Reduce(ctx, c.outs, backend.ReduceOptions{})
 	case opAlltoall:
-		w, err = p.pg.AlltoallBase(ctx, c.out, c.in, backend.AlltoallBaseOptions{})
+		w[0], err = p.pg.AlltoallBase(ctx, c.out, c.in, backend.AlltoallBaseOptions{})
 	case opSendrecv:
 		// Even ranks send first, odd ranks receive first, so that a
 		// backend whose sends block until matched cannot deadlock.
-		first := func() (backend.Work, error) {
-			return p.pg.Send(ctx, []*tensor.Tensor{c.in}, c.peer, backend.SendOptions{})
+		if c.r%2 == 0 {
+			if w[0], err = p.pg.Send(ctx, c.ins, c.peer, backend.SendOptions{}); err == nil {
+				w[1], err = p.pg.Recv(ctx, c.outs, (c.r-1+c.n)%c.n, backend.RecvOptions{})
+			}
+		} else if w[0], err = p.pg.Recv(ctx, c.outs, (c.r-1+c.n)%c.n, backend.RecvOptions{}); err == nil {
+			w[1], err = p.pg.Send(ctx, c.ins, c.peer, backend.SendOptions{})
 		}
-		second := func() (backend.Work, error) {
-			return p.pg.Recv(ctx, []*tensor.Tensor{c.out}, (c.r-1+c.n)%c.n, backend.RecvOptions{})
-		}
-		if c.r%2 == 1 {
-			first, second = second, first
-		}
-		if w, err = first(); err != nil {
-			return err
-		}
-		p.works = append(p.works, w)
-		w, err = second()
 	default:
 		err = fmt.Errorf("no op %q", c.op)
 	}
-	if err != nil {
-		return err
+	return w, err
+}
+
+// wait waits for the Works of one slot, in issue order, and clears it.
+func wait(ctx context.Context, ws *[2]backend.Work) error {
+	for k, w := range ws {
+		if w != nil {
+			ws[k] = nil
+			if err := w.Wait(ctx); err != nil {
+				return err
+			}
+		}
 	}
-	p.works = append(p.works, w)
 	return nil
 }
 
-// run queues iters ops back to back and waits once at the end. On the
-// host, a backend runs queued ops concurrently (cpupool's workers, UCC's
-// progress), so two queued ops on one buffer would race: the loop
-// rotates over the case and its spares, and before it reuses a buffer
-// pair it waits for the op that last used it. With as many pairs as the
-// backend runs ops at once, that wait never starves the backend, and the
-// timing is that of an unbounded queue. On the GPU one stream orders the
-// ops, and there are no spares.
+// run is nccl-tests' timed loop: iters ops queued back to back, one wait
+// at the end, and nothing else in the loop (no allocation, no clock read).
+//
+// On the GPU one stream orders the ops, so, as nccl-tests synchronizes
+// its stream once, the loop waits only for the last op and syncs the
+// current stream; every earlier op has then completed, and its Work's
+// Exception (a flag read) says whether it failed. On the host, a backend
+// runs queued ops concurrently (cpupool's workers, UCC's progress), so
+// two queued ops on one buffer would race: the loop rotates over the
+// case and its spares, and before it reuses a buffer pair it waits for
+// the op that last used it. With as many pairs as the backend runs ops at
+// once, that wait never starves the backend, and the timing is that of
+// an unbounded queue.
 func (p *pgRunner) run(ctx context.Context, c *benchCase, iters int) error {
-	p.works = p.works[:0]
-	slots := append([]*benchCase{c}, c.spare...)
-	window := len(slots) // ops in flight before a wait
 	if p.dev.dev != nil {
-		window = iters // the stream orders them: no wait until the end
+		return p.runStream(ctx, c, iters)
 	}
-	starts := make([]int, 0, iters+1)
-	done := 0 // p.works[:done] have been waited for
+	p.slots = append(append(p.slots[:0], c), c.spare...)
+	window := len(p.slots)
+	if p.depth > 0 {
+		window = p.depth // checked against the pairs by benchRank
+	}
+	if cap(p.works) < window {
+		p.works = make([][2]backend.Work, window)
+	}
+	works := p.works[:window]
+	var err error
 	for i := range iters {
-		if i >= window {
-			end := starts[i-window+1]
-			for ; done < end; done++ {
-				if err := p.works[done].Wait(ctx); err != nil {
-					return err
-				}
+		k := i % window
+		if err = wait(ctx, &works[k]); err != nil {
+			break
+		}
+		if works[k], err = p.issue(ctx, p.slots[i%len(p.slots)]); err != nil {
+			break
+		}
+	}
+	for k := range works {
+		// Oldest first, where the ring wrapped.
+		if werr := wait(ctx, &works[(iters+k)%window]); err == nil {
+			err = werr
+		}
+	}
+	return err
+}
+
+// runStream is run on the GPU: no spares, one stream.
+func (p *pgRunner) runStream(ctx context.Context, c *benchCase, iters int) error {
+	p.all = p.all[:0]
+	var last [2]backend.Work
+	var err error
+	for range iters {
+		if last, err = p.issue(ctx, c); err != nil {
+			break
+		}
+		p.all = append(p.all, last)
+	}
+	if werr := wait(ctx, &last); err == nil {
+		err = werr
+	}
+	if serr := p.dev.sync(ctx); err == nil {
+		err = serr
+	}
+	for k := range p.all {
+		for _, w := range p.all[k] {
+			if w != nil && err == nil {
+				err = w.Exception()
 			}
 		}
-		starts = append(starts, len(p.works))
-		if err := p.issue(ctx, slots[i%len(slots)]); err != nil {
-			return err
-		}
 	}
-	for ; done < len(p.works); done++ {
-		if err := p.works[done].Wait(ctx); err != nil {
-			return err
-		}
-	}
-	clear(p.works)
-	return p.dev.sync(ctx)
+	clear(p.all) // keep no Work alive between runs
+	return err
 }
 
 // benchRankFlags are the flags of one rank of conftest bench.
@@ -364,6 +409,7 @@ type benchRankFlags struct {
 	threads    int
 	cpuprofile string
 	rawNCCL    bool
+	depth      int
 	opts       cpupool.Options
 }
 
@@ -385,6 +431,7 @@ func benchRank(args []string) error {
 	fs.Float64Var(&f.scale, "iters", 1, "with -n 0: scale the adaptive iteration counts")
 	fs.IntVar(&f.threads, "threads", 2, "cpupool worker threads")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "rank 0 writes a pprof CPU profile of the timed loops here")
+	fs.IntVar(&f.depth, "depth", 0, "host backends: ops in flight before the timed loop waits for the oldest (0: one per buffer pair, up to 4; 1: each op waited for before the next, a blocking loop like MPI_Allreduce's)")
 	fs.BoolVar(&f.rawNCCL, "raw-nccl", false, "with --backend nccl: also raw NCCL calls on the same communicator")
 	fs.IntVar(&f.opts.SegmentBytes, "segment", 0, "cpupool SegmentBytes (0: default)")
 	fs.IntVar(&f.opts.SmallBytes, "small", 0, "cpupool SmallBytes (0: default)")
@@ -426,7 +473,7 @@ func benchRank(args []string) error {
 		return err
 	}
 	defer pg.Close(ctx)
-	runners := []benchRunner{&pgRunner{series: f.backend, pg: pg, dev: dev}}
+	runners := []benchRunner{&pgRunner{series: f.backend, pg: pg, dev: dev, depth: f.depth}}
 	if f.rawNCCL {
 		raw, err := newRawNCCL(ctx, pg, dev)
 		if err != nil {
@@ -449,6 +496,9 @@ func benchRank(args []string) error {
 	pairs := 1
 	if dev.dev == nil {
 		pairs = hostWindow(maxBytes)
+	}
+	if f.depth < 0 || f.depth > pairs || (f.depth > 0 && dev.dev != nil) {
+		return fmt.Errorf("bad --depth %d: 0, or 1 to %d (the buffer pairs of sizes up to %d B) on the host", f.depth, pairs, maxBytes)
 	}
 	var sends, recvs []*tensor.Tensor
 	for range pairs {
