@@ -52,6 +52,7 @@ import (
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/coll"
 	"github.com/gocoll/gocoll/internal/knob"
+	"github.com/gocoll/gocoll/internal/reduce"
 	"github.com/gocoll/gocoll/internal/tcpmesh"
 	"github.com/gocoll/gocoll/internal/watch"
 	"github.com/gocoll/gocoll/tensor"
@@ -134,6 +135,7 @@ type Backend struct {
 
 	cfg  backend.Config
 	opts Options
+	args backend.HostChecker[reduce.Kernel] // the ops' common argument checks
 	mesh *tcpmesh.Mesh
 	comm *coll.Comm
 	pool coll.Pool
@@ -194,7 +196,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 			return nil, err
 		}
 	}
-	b := &Backend{cfg: cfg, opts: opts, wd: watch.NewWatchdog[*job](watch.Config{Policy: watch.NoHandling, Rank: cfg.Rank, Dump: cfg.DumpAll != nil})}
+	b := &Backend{cfg: cfg, opts: opts, args: hostChecker(cfg.Rank), wd: watch.NewWatchdog[*job](watch.Config{Policy: watch.NoHandling, Rank: cfg.Rank, Dump: cfg.DumpAll != nil})}
 	b.q.init(lazyWake)
 	b.q.ready = b.laneReady
 	mesh, err := tcpmesh.Connect(ctx, tcpmesh.Config{

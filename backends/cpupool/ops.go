@@ -2,7 +2,6 @@ package cpupool
 
 import (
 	"context"
-	"fmt"
 	"math"
 
 	"github.com/gocoll/gocoll/backend"
@@ -14,29 +13,13 @@ import (
 
 // The dispatcher has checked the arguments against spec/ops.yaml; the
 // checks here are the ones it cannot make (host memory, this rank's block
-// matching its input) and guard against direct callers.
+// matching its input) and guard against direct callers. The common ones
+// are backend.HostChecker's (b.args), which ucc shares.
 
-func (b *Backend) invalid(op backend.Op, m backend.Meta, format string, args ...any) error {
-	return &backend.OpError{Op: op.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Detail: fmt.Sprintf(format, args...)}
-}
-
-// host returns the bytes of host tensors, or an error for a device or
-// non-contiguous one.
-func (b *Backend) host(op backend.Op, m backend.Meta, ts ...*tensor.Tensor) ([][]byte, error) {
-	out := make([][]byte, len(ts))
-	for i, t := range ts {
-		if t == nil {
-			return nil, b.invalid(op, m, "nil tensor")
-		}
-		if t.Device().Type != tensor.CPU {
-			return nil, b.invalid(op, m, "unsupported device type %s: cpupool serves CPU tensors", t.Device())
-		}
-		if !t.IsContiguous() {
-			return nil, b.invalid(op, m, "Tensors must be contiguous")
-		}
-		out[i] = t.Bytes()
-	}
-	return out, nil
+// hostChecker is cpupool's argument checker for rank: reductions are
+// internal/reduce's kernels, and a device tensor is an invalid argument.
+func hostChecker(rank int) backend.HostChecker[reduce.Kernel] {
+	return backend.HostChecker[reduce.Kernel]{Backend: Name, Rank: rank, Lookup: reduce.For}
 }
 
 func flat(lists [][]*tensor.Tensor) []*tensor.Tensor {
@@ -47,14 +30,6 @@ func flat(lists [][]*tensor.Tensor) []*tensor.Tensor {
 	return out
 }
 
-func (b *Backend) kernel(op backend.Op, m backend.Meta, dt tensor.DType, r backend.ReduceOp) (reduce.Kernel, error) {
-	k, err := reduce.For(dt, r)
-	if err != nil {
-		return k, &backend.OpError{Op: op.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Err: err}
-	}
-	return k, nil
-}
-
 func (b *Backend) post(k reduce.Kernel, buf []byte, contributions int) {
 	if k.Post != nil {
 		k.Post(buf, contributions)
@@ -63,12 +38,9 @@ func (b *Backend) post(k reduce.Kernel, buf []byte, contributions int) {
 
 // Broadcast implements backend.Backend.
 func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.BroadcastOptions) (backend.Work, error) {
-	bufs, err := b.host(backend.OpBroadcast, m, tensors...)
+	bufs, err := b.args.Rooted(backend.OpBroadcast, m, tensors, opts.RootTensor)
 	if err != nil {
 		return nil, err
-	}
-	if len(bufs) == 0 || opts.RootTensor < 0 || opts.RootTensor >= len(bufs) {
-		return nil, b.invalid(backend.OpBroadcast, m, "invalid root tensor")
 	}
 	src := bufs[opts.RootTensor]
 	fp := fingerprint(backend.OpBroadcast, tensors[opts.RootTensor].DType(), nil, tensors[opts.RootTensor].Numel())
@@ -87,14 +59,7 @@ func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tens
 // reduced together, as Gloo does: every one of them gets the reduction of
 // all of them on all ranks.
 func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceOptions) (backend.Work, error) {
-	bufs, err := b.host(backend.OpAllreduce, m, tensors...)
-	if err != nil {
-		return nil, err
-	}
-	if len(bufs) == 0 {
-		return nil, b.invalid(backend.OpAllreduce, m, "requires non-empty tensor list")
-	}
-	k, err := b.kernel(backend.OpAllreduce, m, tensors[0].DType(), opts.ReduceOp)
+	bufs, k, err := b.args.ReduceList(backend.OpAllreduce, m, tensors, opts.ReduceOp)
 	if err != nil {
 		return nil, err
 	}
@@ -159,14 +124,7 @@ func unpack(packed []byte, bufs [][]byte) {
 // AllreduceCoalesced implements backend.Backend: the tensors travel as one
 // packed buffer.
 func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceCoalescedOptions) (backend.Work, error) {
-	bufs, err := b.host(backend.OpAllreduceCoalesced, m, tensors...)
-	if err != nil {
-		return nil, err
-	}
-	if len(bufs) == 0 {
-		return nil, b.invalid(backend.OpAllreduceCoalesced, m, "requires non-empty tensor list")
-	}
-	k, err := b.kernel(backend.OpAllreduceCoalesced, m, tensors[0].DType(), opts.ReduceOp)
+	bufs, k, err := b.args.ReduceList(backend.OpAllreduceCoalesced, m, tensors, opts.ReduceOp)
 	if err != nil {
 		return nil, err
 	}
@@ -188,14 +146,7 @@ func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensor
 
 // Reduce implements backend.Backend.
 func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.ReduceOptions) (backend.Work, error) {
-	bufs, err := b.host(backend.OpReduce, m, tensors...)
-	if err != nil {
-		return nil, err
-	}
-	if len(bufs) == 0 || opts.RootTensor < 0 || opts.RootTensor >= len(bufs) {
-		return nil, b.invalid(backend.OpReduce, m, "invalid root tensor")
-	}
-	k, err := b.kernel(backend.OpReduce, m, tensors[0].DType(), opts.ReduceOp)
+	bufs, k, err := b.args.ReduceRooted(backend.OpReduce, m, tensors, opts.RootTensor, opts.ReduceOp)
 	if err != nil {
 		return nil, err
 	}
@@ -230,13 +181,13 @@ func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*te
 // AllgatherIntoTensor implements backend.Backend.
 func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions) (backend.Work, error) {
 	op := backend.OpAllgatherIntoTensor
-	bs, err := b.host(op, m, output, input)
+	bs, err := b.args.Host(op, m, output, input)
 	if err != nil {
 		return nil, err
 	}
 	out, in := bs[0], bs[1]
 	if len(out) != len(in)*b.cfg.WorldSize {
-		return nil, b.invalid(op, m, "output tensor size must be equal to world_size times input tensor size")
+		return nil, b.args.Invalid(op, m, "output tensor size must be equal to world_size times input tensor size")
 	}
 	blocks := make([][]byte, b.cfg.WorldSize)
 	for i := range blocks {
@@ -275,24 +226,24 @@ func (b *Backend) gatherPacked(ctx context.Context, tag uint64, ins [][]byte, ea
 // AllgatherCoalesced implements backend.Backend.
 func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions) (backend.Work, error) {
 	op := backend.OpAllgatherCoalesced
-	ins, err := b.host(op, m, inputs...)
+	ins, err := b.args.Host(op, m, inputs...)
 	if err != nil {
 		return nil, err
 	}
 	if len(outputs) != len(inputs) {
-		return nil, b.invalid(op, m, "output list must have one entry per input tensor")
+		return nil, b.args.Invalid(op, m, "output list must have one entry per input tensor")
 	}
 	outs := make([][][]byte, len(outputs))
 	for i, l := range outputs {
 		if len(l) != b.cfg.WorldSize {
-			return nil, b.invalid(op, m, "invalid output tensor list: each entry needs world_size tensors of its input's size")
+			return nil, b.args.Invalid(op, m, "invalid output tensor list: each entry needs world_size tensors of its input's size")
 		}
-		if outs[i], err = b.host(op, m, l...); err != nil {
+		if outs[i], err = b.args.Host(op, m, l...); err != nil {
 			return nil, err
 		}
 		for _, o := range outs[i] {
 			if len(o) != len(ins[i]) {
-				return nil, b.invalid(op, m, "invalid output tensor list: each entry needs world_size tensors of its input's size")
+				return nil, b.args.Invalid(op, m, "invalid output tensor list: each entry needs world_size tensors of its input's size")
 			}
 		}
 	}
@@ -310,20 +261,20 @@ func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, output
 // AllgatherIntoTensorCoalesced implements backend.Backend.
 func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions) (backend.Work, error) {
 	op := backend.OpAllgatherIntoTensorCoalesced
-	ins, err := b.host(op, m, inputs...)
+	ins, err := b.args.Host(op, m, inputs...)
 	if err != nil {
 		return nil, err
 	}
-	outs, err := b.host(op, m, outputs...)
+	outs, err := b.args.Host(op, m, outputs...)
 	if err != nil {
 		return nil, err
 	}
 	if len(outs) != len(ins) {
-		return nil, b.invalid(op, m, "output and input lists must have the same length")
+		return nil, b.args.Invalid(op, m, "output and input lists must have the same length")
 	}
 	for i := range outs {
 		if len(outs[i]) != len(ins[i])*b.cfg.WorldSize {
-			return nil, b.invalid(op, m, "output tensor size must be equal to world_size times input tensor size")
+			return nil, b.args.Invalid(op, m, "output tensor size must be equal to world_size times input tensor size")
 		}
 	}
 	fp := fingerprint(op, inputs[0].DType(), nil, numel(outputs))
@@ -374,7 +325,7 @@ func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*
 	if err != nil {
 		return nil, err
 	}
-	k, err := b.kernel(op, m, outputs[0].DType(), opts.ReduceOp)
+	k, err := b.args.Reduction(op, m, outputs[0].DType(), opts.ReduceOp)
 	if err != nil {
 		return nil, err
 	}
@@ -405,15 +356,15 @@ func unpackInto(dst []byte, srcs [][]byte) {
 // ReduceScatterTensor implements backend.Backend.
 func (b *Backend) ReduceScatterTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.ReduceScatterTensorOptions) (backend.Work, error) {
 	op := backend.OpReduceScatterTensor
-	bs, err := b.host(op, m, output, input)
+	bs, err := b.args.Host(op, m, output, input)
 	if err != nil {
 		return nil, err
 	}
 	out, in := bs[0], bs[1]
 	if len(in) != len(out)*b.cfg.WorldSize {
-		return nil, b.invalid(op, m, "input tensor must be the same size as output size times world size")
+		return nil, b.args.Invalid(op, m, "input tensor must be the same size as output size times world size")
 	}
-	k, err := b.kernel(op, m, output.DType(), opts.ReduceOp)
+	k, err := b.args.Reduction(op, m, output.DType(), opts.ReduceOp)
 	if err != nil {
 		return nil, err
 	}
@@ -437,25 +388,25 @@ func (b *Backend) ReduceScatterTensor(ctx context.Context, m backend.Meta, outpu
 // packed buffer is the concatenation of every input's block r.
 func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.ReduceScatterTensorCoalescedOptions) (backend.Work, error) {
 	op := backend.OpReduceScatterTensorCoalesced
-	outs, err := b.host(op, m, outputs...)
+	outs, err := b.args.Host(op, m, outputs...)
 	if err != nil {
 		return nil, err
 	}
-	ins, err := b.host(op, m, inputs...)
+	ins, err := b.args.Host(op, m, inputs...)
 	if err != nil {
 		return nil, err
 	}
 	if len(outs) != len(ins) || len(ins) == 0 {
-		return nil, b.invalid(op, m, "output and input lists must have the same length")
+		return nil, b.args.Invalid(op, m, "output and input lists must have the same length")
 	}
 	S := 0
 	for i := range outs {
 		if len(ins[i]) != len(outs[i])*b.cfg.WorldSize {
-			return nil, b.invalid(op, m, "input tensor must be the same size as output size times world size")
+			return nil, b.args.Invalid(op, m, "input tensor must be the same size as output size times world size")
 		}
 		S += len(outs[i])
 	}
-	k, err := b.kernel(op, m, inputs[0].DType(), opts.ReduceOp)
+	k, err := b.args.Reduction(op, m, inputs[0].DType(), opts.ReduceOp)
 	if err != nil {
 		return nil, err
 	}
@@ -488,18 +439,18 @@ func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Me
 func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AlltoallOptions) (backend.Work, error) {
 	op := backend.OpAlltoall
 	if len(outputs) != b.cfg.WorldSize || len(inputs) != b.cfg.WorldSize {
-		return nil, b.invalid(op, m, "Incorrect input or output list size. List sizes should be the world size")
+		return nil, b.args.Invalid(op, m, "Incorrect input or output list size. List sizes should be the world size")
 	}
-	outs, err := b.host(op, m, outputs...)
+	outs, err := b.args.Host(op, m, outputs...)
 	if err != nil {
 		return nil, err
 	}
-	ins, err := b.host(op, m, inputs...)
+	ins, err := b.args.Host(op, m, inputs...)
 	if err != nil {
 		return nil, err
 	}
 	if len(outs[b.cfg.Rank]) != len(ins[b.cfg.Rank]) {
-		return nil, b.invalid(op, m, "invalid tensor size: this rank's input and output pieces differ")
+		return nil, b.args.Invalid(op, m, "invalid tensor size: this rank's input and output pieces differ")
 	}
 	// The ranks' counts differ legitimately: only the op and dtype are compared.
 	fp := fingerprint(op, inputs[0].DType(), nil, -1)
@@ -547,21 +498,21 @@ func splitRows(buf []byte, t *tensor.Tensor, sizes []int, n int) ([][]byte, bool
 // AlltoallBase implements backend.Backend.
 func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AlltoallBaseOptions) (backend.Work, error) {
 	op := backend.OpAlltoallBase
-	bs, err := b.host(op, m, output, input)
+	bs, err := b.args.Host(op, m, output, input)
 	if err != nil {
 		return nil, err
 	}
 	n := b.cfg.WorldSize
 	outs, ok := splitRows(bs[0], output, opts.OutputSplitSizes, n)
 	if !ok {
-		return nil, b.invalid(op, m, "invalid output split sizes")
+		return nil, b.args.Invalid(op, m, "invalid output split sizes")
 	}
 	ins, ok := splitRows(bs[1], input, opts.InputSplitSizes, n)
 	if !ok {
-		return nil, b.invalid(op, m, "invalid input split sizes")
+		return nil, b.args.Invalid(op, m, "invalid input split sizes")
 	}
 	if len(outs[b.cfg.Rank]) != len(ins[b.cfg.Rank]) {
-		return nil, b.invalid(op, m, "invalid split sizes: this rank's input and output parts differ")
+		return nil, b.args.Invalid(op, m, "invalid split sizes: this rank's input and output parts differ")
 	}
 	fp := fingerprint(op, input.DType(), nil, -1)
 	return b.collective(ctx, op, m, fp, []*tensor.Tensor{output}, func(ctx context.Context, tag uint64) error {
@@ -577,18 +528,18 @@ func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tens
 // blocks' buffers.
 func (b *Backend) blockBuffers(op backend.Op, m backend.Meta, one []*tensor.Tensor, lists [][]*tensor.Tensor, oneName, listName string) ([][]byte, [][]byte, error) {
 	if len(one) != 1 || len(lists) != 1 || len(lists[0]) != b.cfg.WorldSize {
-		return nil, nil, b.invalid(op, m, "requires one %s and one %s list of world_size tensors", oneName, listName)
+		return nil, nil, b.args.Invalid(op, m, "requires one %s and one %s list of world_size tensors", oneName, listName)
 	}
-	single, err := b.host(op, m, one...)
+	single, err := b.args.Host(op, m, one...)
 	if err != nil {
 		return nil, nil, err
 	}
-	blocks, err := b.host(op, m, lists[0]...)
+	blocks, err := b.args.Host(op, m, lists[0]...)
 	if err != nil {
 		return nil, nil, err
 	}
 	if own := blocks[b.cfg.Rank]; len(own) != len(single[0]) {
-		return nil, nil, b.invalid(op, m, "invalid tensor size: %s %d has %d bytes, the %s %d", listName, b.cfg.Rank, len(own), oneName, len(single[0]))
+		return nil, nil, b.args.Invalid(op, m, "invalid tensor size: %s %d has %d bytes, the %s %d", listName, b.cfg.Rank, len(own), oneName, len(single[0]))
 	}
 	return single, blocks, nil
 }
@@ -600,9 +551,9 @@ func (b *Backend) blockBuffers(op backend.Op, m backend.Meta, one []*tensor.Tens
 // buffers of lists[0], each of one's size.
 func (b *Backend) rootedBuffers(op backend.Op, m backend.Meta, one []*tensor.Tensor, lists [][]*tensor.Tensor, root bool, oneName, listName string) ([][]byte, [][]byte, error) {
 	if len(one) != 1 {
-		return nil, nil, b.invalid(op, m, "requires a single-element %s tensor list", oneName)
+		return nil, nil, b.args.Invalid(op, m, "requires a single-element %s tensor list", oneName)
 	}
-	single, err := b.host(op, m, one...)
+	single, err := b.args.Host(op, m, one...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -610,15 +561,15 @@ func (b *Backend) rootedBuffers(op backend.Op, m backend.Meta, one []*tensor.Ten
 		return single, nil, nil
 	}
 	if len(lists) != 1 || len(lists[0]) != b.cfg.WorldSize {
-		return nil, nil, b.invalid(op, m, "requires a single-element %s list of world_size tensors on the root", listName)
+		return nil, nil, b.args.Invalid(op, m, "requires a single-element %s list of world_size tensors on the root", listName)
 	}
-	bufs, err := b.host(op, m, lists[0]...)
+	bufs, err := b.args.Host(op, m, lists[0]...)
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, x := range bufs {
 		if len(x) != len(single[0]) {
-			return nil, nil, b.invalid(op, m, "invalid tensor size")
+			return nil, nil, b.args.Invalid(op, m, "invalid tensor size")
 		}
 	}
 	return single, bufs, nil

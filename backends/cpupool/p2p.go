@@ -71,15 +71,15 @@ const anyPeer = -1
 // buffer. peer is checked against the world, unless it is anyPeer.
 func (b *Backend) p2pBuffer(op backend.Op, m backend.Meta, tensors []*tensor.Tensor, peer int, badPeer string, tag int) ([]byte, error) {
 	if len(tensors) != 1 {
-		return nil, b.invalid(op, m, "requires a single-element tensor list")
+		return nil, b.args.Invalid(op, m, "requires a single-element tensor list")
 	}
 	if peer != anyPeer && (peer < 0 || peer >= b.cfg.WorldSize || peer == b.cfg.Rank) {
-		return nil, b.invalid(op, m, "%s", badPeer)
+		return nil, b.args.Invalid(op, m, "%s", badPeer)
 	}
 	if tag < 0 {
-		return nil, b.invalid(op, m, "tag must not be negative")
+		return nil, b.args.Invalid(op, m, "tag must not be negative")
 	}
-	bufs, err := b.host(op, m, tensors...)
+	bufs, err := b.args.Host(op, m, tensors...)
 	if err != nil {
 		return nil, err
 	}

@@ -127,6 +127,7 @@ type Backend struct {
 
 	cfg  backend.Config
 	opts Options
+	args backend.HostChecker[reduction] // the ops' common argument checks
 	oob  *oob
 	oobH cgo.Handle
 
@@ -179,7 +180,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("%w: ucc: the group has no store to wire UCC up over", backend.ErrInvalidArgument)
 	}
-	b := &Backend{cfg: cfg, opts: opts, born: time.Now(), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	b := &Backend{cfg: cfg, opts: opts, args: hostChecker(cfg.Rank), born: time.Now(), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		wd: watch.NewWatchdog[*work](watch.Config{Policy: watch.NoHandling, Rank: cfg.Rank, Dump: cfg.DumpAll != nil})}
 	b.oob = &oob{st: cfg.Store, rank: cfg.Rank, size: cfg.WorldSize, timeout: storeBound,
 		deadline: time.Now().Add(opts.ConnectTimeout)}

@@ -14,18 +14,16 @@ import (
 
 // The dispatcher has checked the arguments against spec/ops.yaml; the
 // checks here are what it cannot know (host memory) and what UCC needs.
+// The common ones are backend.HostChecker's (b.args), which cpupool shares.
 // Ops that only move data move bytes (UCC_DT_UINT8), so every dtype moves.
 
 func cu(n int) C.uint64_t { return C.uint64_t(n) }
 
 // Broadcast implements backend.Backend.
 func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.BroadcastOptions) (backend.Work, error) {
-	bufs, err := b.host(backend.OpBroadcast, m, tensors...)
+	bufs, err := b.args.Rooted(backend.OpBroadcast, m, tensors, opts.RootTensor)
 	if err != nil {
 		return nil, err
-	}
-	if len(bufs) == 0 || opts.RootTensor < 0 || opts.RootTensor >= len(bufs) {
-		return nil, b.invalid(backend.OpBroadcast, m, "invalid root tensor")
 	}
 	p := b.plan(backend.OpBroadcast, m, tensors)
 	src := bufs[opts.RootTensor]
@@ -59,14 +57,7 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 			return w, err
 		}
 	}
-	bufs, err := b.host(backend.OpAllreduce, m, tensors...)
-	if err != nil {
-		return nil, err
-	}
-	if len(bufs) == 0 {
-		return nil, b.invalid(backend.OpAllreduce, m, "requires non-empty tensor list")
-	}
-	r, err := b.reductionOf(backend.OpAllreduce, m, tensors[0].DType(), opts.ReduceOp)
+	bufs, r, err := b.args.ReduceList(backend.OpAllreduce, m, tensors, opts.ReduceOp)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +88,7 @@ func (b *Backend) allreduceOne(ctx context.Context, m backend.Meta, t *tensor.Te
 	if opts.ReduceOp.ValidFor(t.DType()) != nil {
 		return nil, nil, false // reductionOf's error
 	}
-	r, err := b.uccReduction(backend.OpAllreduce, m, t.DType(), opts.ReduceOp)
+	r, err := uccReduction(t.DType(), opts.ReduceOp)
 	if err != nil || r.ratio != 1 {
 		return nil, nil, false
 	}
@@ -112,14 +103,7 @@ func (b *Backend) allreduceOne(ctx context.Context, m backend.Meta, t *tensor.Te
 // AllreduceCoalesced implements backend.Backend: one UCC allreduce per
 // tensor, one Work.
 func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceCoalescedOptions) (backend.Work, error) {
-	bufs, err := b.host(backend.OpAllreduceCoalesced, m, tensors...)
-	if err != nil {
-		return nil, err
-	}
-	if len(bufs) == 0 {
-		return nil, b.invalid(backend.OpAllreduceCoalesced, m, "requires non-empty tensor list")
-	}
-	r, err := b.reductionOf(backend.OpAllreduceCoalesced, m, tensors[0].DType(), opts.ReduceOp)
+	bufs, r, err := b.args.ReduceList(backend.OpAllreduceCoalesced, m, tensors, opts.ReduceOp)
 	if err != nil {
 		return nil, err
 	}
@@ -142,14 +126,7 @@ func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensor
 
 // Reduce implements backend.Backend.
 func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.ReduceOptions) (backend.Work, error) {
-	bufs, err := b.host(backend.OpReduce, m, tensors...)
-	if err != nil {
-		return nil, err
-	}
-	if len(bufs) == 0 || opts.RootTensor < 0 || opts.RootTensor >= len(bufs) {
-		return nil, b.invalid(backend.OpReduce, m, "invalid root tensor")
-	}
-	r, err := b.reductionOf(backend.OpReduce, m, tensors[0].DType(), opts.ReduceOp)
+	bufs, r, err := b.args.ReduceRooted(backend.OpReduce, m, tensors, opts.RootTensor, opts.ReduceOp)
 	if err != nil {
 		return nil, err
 	}
@@ -199,14 +176,14 @@ func (p *plan) allgather(in []byte, outs [][]byte) (after func()) {
 
 // Allgather implements backend.Backend.
 func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherOptions) (backend.Work, error) {
-	ins, err := b.host(backend.OpAllgather, m, inputs...)
+	ins, err := b.args.Host(backend.OpAllgather, m, inputs...)
 	if err != nil {
 		return nil, err
 	}
 	if len(ins) != 1 || len(outputs) != 1 {
-		return nil, b.invalid(backend.OpAllgather, m, "requires a single-element input and output list")
+		return nil, b.args.Invalid(backend.OpAllgather, m, "requires a single-element input and output list")
 	}
-	outs, err := b.host(backend.OpAllgather, m, outputs[0]...)
+	outs, err := b.args.Host(backend.OpAllgather, m, outputs[0]...)
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +194,7 @@ func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*te
 
 // AllgatherIntoTensor implements backend.Backend.
 func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions) (backend.Work, error) {
-	bufs, err := b.host(backend.OpAllgatherIntoTensor, m, output, input)
+	bufs, err := b.args.Host(backend.OpAllgatherIntoTensor, m, output, input)
 	if err != nil {
 		return nil, err
 	}
@@ -236,17 +213,17 @@ func (p *plan) intoTensor(in, out []byte) {
 // AllgatherCoalesced implements backend.Backend: one UCC allgather per
 // input, one Work.
 func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions) (backend.Work, error) {
-	ins, err := b.host(backend.OpAllgatherCoalesced, m, inputs...)
+	ins, err := b.args.Host(backend.OpAllgatherCoalesced, m, inputs...)
 	if err != nil {
 		return nil, err
 	}
 	if len(outputs) != len(ins) {
-		return nil, b.invalid(backend.OpAllgatherCoalesced, m, "one output list per input")
+		return nil, b.args.Invalid(backend.OpAllgatherCoalesced, m, "one output list per input")
 	}
 	p := b.plan(backend.OpAllgatherCoalesced, m, flat(outputs))
 	var afters []func()
 	for i, in := range ins {
-		outs, err := b.host(backend.OpAllgatherCoalesced, m, outputs[i]...)
+		outs, err := b.args.Host(backend.OpAllgatherCoalesced, m, outputs[i]...)
 		if err != nil {
 			return nil, err
 		}
@@ -264,16 +241,16 @@ func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, output
 
 // AllgatherIntoTensorCoalesced implements backend.Backend.
 func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions) (backend.Work, error) {
-	outs, err := b.host(backend.OpAllgatherIntoTensorCoalesced, m, outputs...)
+	outs, err := b.args.Host(backend.OpAllgatherIntoTensorCoalesced, m, outputs...)
 	if err != nil {
 		return nil, err
 	}
-	ins, err := b.host(backend.OpAllgatherIntoTensorCoalesced, m, inputs...)
+	ins, err := b.args.Host(backend.OpAllgatherIntoTensorCoalesced, m, inputs...)
 	if err != nil {
 		return nil, err
 	}
 	if len(outs) != len(ins) {
-		return nil, b.invalid(backend.OpAllgatherIntoTensorCoalesced, m, "as many outputs as inputs")
+		return nil, b.args.Invalid(backend.OpAllgatherIntoTensorCoalesced, m, "as many outputs as inputs")
 	}
 	p := b.plan(backend.OpAllgatherIntoTensorCoalesced, m, outputs)
 	for i := range ins {
@@ -310,17 +287,17 @@ func (p *plan) reduceScatter(r reduction, src []byte, sizes []int, out []byte) (
 // ReduceScatter implements backend.Backend.
 func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ReduceScatterOptions) (backend.Work, error) {
 	if len(outputs) != 1 || len(inputs) != 1 {
-		return nil, b.invalid(backend.OpReduceScatter, m, "requires a single-element output and input list")
+		return nil, b.args.Invalid(backend.OpReduceScatter, m, "requires a single-element output and input list")
 	}
-	outs, err := b.host(backend.OpReduceScatter, m, outputs...)
+	outs, err := b.args.Host(backend.OpReduceScatter, m, outputs...)
 	if err != nil {
 		return nil, err
 	}
-	ins, err := b.host(backend.OpReduceScatter, m, inputs[0]...)
+	ins, err := b.args.Host(backend.OpReduceScatter, m, inputs[0]...)
 	if err != nil {
 		return nil, err
 	}
-	r, err := b.reductionOf(backend.OpReduceScatter, m, outputs[0].DType(), opts.ReduceOp)
+	r, err := b.args.Reduction(backend.OpReduceScatter, m, outputs[0].DType(), opts.ReduceOp)
 	if err != nil {
 		return nil, err
 	}
@@ -354,18 +331,18 @@ func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Me
 }
 
 func (b *Backend) reduceScatterTensors(ctx context.Context, op backend.Op, m backend.Meta, outputs, inputs []*tensor.Tensor, rop backend.ReduceOp) (backend.Work, error) {
-	outs, err := b.host(op, m, outputs...)
+	outs, err := b.args.Host(op, m, outputs...)
 	if err != nil {
 		return nil, err
 	}
-	ins, err := b.host(op, m, inputs...)
+	ins, err := b.args.Host(op, m, inputs...)
 	if err != nil {
 		return nil, err
 	}
 	if len(outs) != len(ins) || len(outs) == 0 {
-		return nil, b.invalid(op, m, "as many outputs as inputs")
+		return nil, b.args.Invalid(op, m, "as many outputs as inputs")
 	}
-	r, err := b.reductionOf(op, m, outputs[0].DType(), rop)
+	r, err := b.args.Reduction(op, m, outputs[0].DType(), rop)
 	if err != nil {
 		return nil, err
 	}
@@ -395,11 +372,11 @@ func (b *Backend) reduceScatterTensors(ctx context.Context, op backend.Op, m bac
 // Alltoall implements backend.Backend: UCC's alltoallv over packed
 // buffers.
 func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AlltoallOptions) (backend.Work, error) {
-	outs, err := b.host(backend.OpAlltoall, m, outputs...)
+	outs, err := b.args.Host(backend.OpAlltoall, m, outputs...)
 	if err != nil {
 		return nil, err
 	}
-	ins, err := b.host(backend.OpAlltoall, m, inputs...)
+	ins, err := b.args.Host(backend.OpAlltoall, m, inputs...)
 	if err != nil {
 		return nil, err
 	}
@@ -422,7 +399,7 @@ func (p *plan) alltoallv(src []byte, inSizes []int, dst []byte, outSizes []int) 
 // AlltoallBase implements backend.Backend: UCC's alltoall for equal parts,
 // alltoallv for split sizes, straight on the tensors.
 func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AlltoallBaseOptions) (backend.Work, error) {
-	bufs, err := b.host(backend.OpAlltoallBase, m, output, input)
+	bufs, err := b.args.Host(backend.OpAlltoallBase, m, output, input)
 	if err != nil {
 		return nil, err
 	}
@@ -461,21 +438,21 @@ func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tens
 
 // Gather implements backend.Backend.
 func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions) (backend.Work, error) {
-	ins, err := b.host(backend.OpGather, m, inputs...)
+	ins, err := b.args.Host(backend.OpGather, m, inputs...)
 	if err != nil {
 		return nil, err
 	}
 	if len(ins) != 1 {
-		return nil, b.invalid(backend.OpGather, m, "requires a single-element input list")
+		return nil, b.args.Invalid(backend.OpGather, m, "requires a single-element input list")
 	}
 	root := b.cfg.Rank == opts.RootRank
 	var outs [][]byte
 	var outTs []*tensor.Tensor
 	if root {
 		if len(outputs) != 1 {
-			return nil, b.invalid(backend.OpGather, m, "requires a single-element output list on the root")
+			return nil, b.args.Invalid(backend.OpGather, m, "requires a single-element output list on the root")
 		}
-		if outs, err = b.host(backend.OpGather, m, outputs[0]...); err != nil {
+		if outs, err = b.args.Host(backend.OpGather, m, outputs[0]...); err != nil {
 			return nil, err
 		}
 		outTs = outputs[0]
@@ -497,12 +474,12 @@ func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tenso
 
 // Scatter implements backend.Backend.
 func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions) (backend.Work, error) {
-	outs, err := b.host(backend.OpScatter, m, outputs...)
+	outs, err := b.args.Host(backend.OpScatter, m, outputs...)
 	if err != nil {
 		return nil, err
 	}
 	if len(outs) != 1 {
-		return nil, b.invalid(backend.OpScatter, m, "requires a single-element output list")
+		return nil, b.args.Invalid(backend.OpScatter, m, "requires a single-element output list")
 	}
 	out := outs[0]
 	p := b.plan(backend.OpScatter, m, outputs)
@@ -517,9 +494,9 @@ func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor
 	var src []byte
 	if b.cfg.Rank == opts.RootRank {
 		if len(inputs) != 1 {
-			return nil, b.invalid(backend.OpScatter, m, "requires a single-element input list on the root")
+			return nil, b.args.Invalid(backend.OpScatter, m, "requires a single-element input list on the root")
 		}
-		ins, err := b.host(backend.OpScatter, m, inputs[0]...)
+		ins, err := b.args.Host(backend.OpScatter, m, inputs[0]...)
 		if err != nil {
 			return nil, err
 		}

@@ -52,13 +52,13 @@ func (b *Backend) RecvAnysource(ctx context.Context, m backend.Meta, tensors []*
 // p2p posts one two-rank active-set broadcast per non-empty tensor: rooted
 // here for a send, at peer for a receive.
 func (b *Backend) p2p(ctx context.Context, op backend.Op, m backend.Meta, tensors []*tensor.Tensor, peer, tag int) (backend.Work, error) {
-	bufs, err := b.host(op, m, tensors...)
+	bufs, err := b.args.Host(op, m, tensors...)
 	if err != nil {
 		return nil, err
 	}
 	me, world := b.cfg.Rank, b.cfg.WorldSize
 	if peer < 0 || peer >= world || peer == me {
-		return nil, b.invalid(op, m, "invalid peer rank %d (rank %d of %d)", peer, me, world)
+		return nil, b.args.Invalid(op, m, "invalid peer rank %d (rank %d of %d)", peer, me, world)
 	}
 	if tag < 0 || tag > maxTag {
 		return nil, &backend.OpError{Op: op.String(), Seq: m.Seq, Rank: me, Backend: Name, Kind: backend.ErrUnsupported,

@@ -17,7 +17,7 @@ import (
 
 // fake is a backend of rank r of n on st with no UCC behind it.
 func fake(st store.Store, r, n int) *Backend {
-	return &Backend{cfg: backend.Config{Store: st, Rank: r, WorldSize: n}, stop: make(chan struct{})}
+	return &Backend{cfg: backend.Config{Store: st, Rank: r, WorldSize: n}, args: hostChecker(r), stop: make(chan struct{})}
 }
 
 func TestMonitoredBarrierNamesLateRanks(t *testing.T) {
@@ -89,7 +89,7 @@ func TestP2PArguments(t *testing.T) {
 func TestWideReduction(t *testing.T) {
 	b := fake(nil, 0, 2)
 	for _, dt := range []tensor.DType{tensor.Float16, tensor.Float8E4M3, tensor.Float8E5M2} {
-		r, err := b.reductionOf(backend.OpAllreduce, backend.Meta{}, dt, backend.ReduceOp{Type: backend.Sum})
+		r, err := b.args.Reduction(backend.OpAllreduce, backend.Meta{}, dt, backend.ReduceOp{Type: backend.Sum})
 		if err != nil {
 			t.Fatalf("%v: %v", dt, err)
 		}
@@ -97,7 +97,7 @@ func TestWideReduction(t *testing.T) {
 			t.Fatalf("%v: UCC dt %d, elemLen %d, ratio %d; want float32", dt, r.dt, r.elemLen, r.ratio)
 		}
 	}
-	r, _ := b.reductionOf(backend.OpAllreduce, backend.Meta{}, tensor.Float16, backend.ReduceOp{Type: backend.Sum})
+	r, _ := b.args.Reduction(backend.OpAllreduce, backend.Meta{}, tensor.Float16, backend.ReduceOp{Type: backend.Sum})
 	mk := func(v ...float64) []byte {
 		x, err := tensor.FromFloat64s(tensor.Float16, v)
 		if err != nil {
@@ -120,7 +120,7 @@ func TestWideReduction(t *testing.T) {
 	if v, err := got.Float64s(); err != nil || v[0] != 2050 || v[1] != -3 {
 		t.Fatalf("float16 sum %v, want [2050 -3]", v)
 	}
-	if _, err := b.reductionOf(backend.OpAllreduce, backend.Meta{}, tensor.Float16, backend.ReduceOp{Type: backend.BAnd}); !errors.Is(err, backend.ErrInvalidArgument) {
+	if _, err := b.args.Reduction(backend.OpAllreduce, backend.Meta{}, tensor.Float16, backend.ReduceOp{Type: backend.BAnd}); !errors.Is(err, backend.ErrInvalidArgument) {
 		t.Fatalf("BAND on float16: %v", err)
 	}
 }

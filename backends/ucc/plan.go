@@ -198,28 +198,15 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	return w, nil
 }
 
-func (b *Backend) invalid(op backend.Op, m backend.Meta, format string, args ...any) error {
-	return &backend.OpError{Op: op.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Detail: fmt.Sprintf(format, args...)}
-}
-
-// host returns the bytes of host tensors, or an error for a device or
-// non-contiguous one.
-func (b *Backend) host(op backend.Op, m backend.Meta, ts ...*tensor.Tensor) ([][]byte, error) {
-	out := make([][]byte, len(ts))
-	for i, t := range ts {
-		if t == nil {
-			return nil, b.invalid(op, m, "nil tensor")
-		}
-		if t.Device().Type != tensor.CPU {
-			return nil, &backend.OpError{Op: op.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrUnsupported,
-				Detail: fmt.Sprintf("tensor on %s: the ucc backend serves CPU tensors (Debian's UCC has no CUDA components)", t.Device())}
-		}
-		if !t.IsContiguous() {
-			return nil, b.invalid(op, m, "Tensors must be contiguous")
-		}
-		out[i] = t.Bytes()
-	}
-	return out, nil
+// hostChecker is ucc's argument checker for rank (backend.HostChecker,
+// which cpupool shares): reductions map to UCC (reductionOf), and a device
+// tensor is unsupported rather than invalid, since UCC itself has CUDA
+// components that Debian's build leaves out.
+func hostChecker(rank int) backend.HostChecker[reduction] {
+	return backend.HostChecker[reduction]{Backend: Name, Rank: rank, Lookup: reductionOf, OffHostKind: backend.ErrUnsupported,
+		OffHostDetail: func(d tensor.Device) string {
+			return fmt.Sprintf("tensor on %s: the ucc backend serves CPU tensors (Debian's UCC has no CUDA components)", d)
+		}}
 }
 
 // reduction is how one reduce op on one dtype runs: UCC's datatype and
@@ -240,20 +227,21 @@ type reduction struct {
 
 // reductionOf maps (dt, op) to UCC. UCC reduces integers, float32/64 and
 // bfloat16; float16 and the float8 types reduce wide, as float32; bool
-// reduces as uint8 0/1 (SUM and MAX as MAX, PRODUCT and MIN as MIN).
-func (b *Backend) reductionOf(opk backend.Op, m backend.Meta, dt tensor.DType, op backend.ReduceOp) (reduction, error) {
+// reduces as uint8 0/1 (SUM and MAX as MAX, PRODUCT and MIN as MIN). It is
+// the lookup of b.args (hostChecker), which makes its errors OpErrors.
+func reductionOf(dt tensor.DType, op backend.ReduceOp) (reduction, error) {
 	k, err := reduce.For(dt, op)
 	if err != nil {
-		return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Err: err}
+		return reduction{}, err
 	}
-	r, err := b.uccReduction(opk, m, dt, op)
+	r, err := uccReduction(dt, op)
 	if err != nil {
 		return reduction{}, err
 	}
 	r.k = k
 	if r.ratio != 1 {
 		if r.k, err = reduce.For(tensor.Float32, op); err != nil {
-			return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrInvalidArgument, Err: err}
+			return reduction{}, err
 		}
 	}
 	return r, nil
@@ -262,7 +250,7 @@ func (b *Backend) reductionOf(opk backend.Op, m backend.Meta, dt tensor.DType, o
 // uccReduction is reductionOf without gocoll's kernel (r.k is zero): UCC's
 // datatype and op and the widening, for a caller that has no local
 // combine to do (allreduceOne).
-func (b *Backend) uccReduction(opk backend.Op, m backend.Meta, dt tensor.DType, op backend.ReduceOp) (reduction, error) {
+func uccReduction(dt tensor.DType, op backend.ReduceOp) (reduction, error) {
 	r := reduction{elemLen: dt.Size(), ratio: 1}
 	switch dt {
 	case tensor.Float16, tensor.Float8E4M3, tensor.Float8E5M2:
@@ -286,8 +274,7 @@ func (b *Backend) uccReduction(opk backend.Op, m backend.Meta, dt tensor.DType, 
 	case tensor.BFloat16:
 		r.dt = predefined(13)
 	default:
-		return reduction{}, &backend.OpError{Op: opk.String(), Seq: m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrUnsupported,
-			Detail: fmt.Sprintf("UCC has no %s datatype to reduce", dt)}
+		return reduction{}, backend.Errorf(backend.ErrUnsupported, "", "UCC has no %s datatype to reduce", dt)
 	}
 	switch op.Type {
 	case backend.Sum, backend.Avg, backend.PreMulSum:
