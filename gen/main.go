@@ -1,6 +1,7 @@
 // Command gen writes gocoll's generated code from spec/ops.yaml: the Backend
 // interface, option structs, the Op table and the Unimplemented type in
-// package backend; one ProcessGroup method per op in package dispatcher; and
+// package backend; one ProcessGroup method per op in package dispatcher;
+// internal/stage's delegation of the ops to the host backend; and
 // docs/ops.md. Its output depends only on the spec, so running it twice
 // gives the same bytes.
 //
@@ -40,10 +41,11 @@ func run(specPath, root string) error {
 		return err
 	}
 	files := map[string]func(*Spec) ([]byte, error){
-		"backend/zz_generated_ops.go":     genBackendOps,
-		"backend/zz_generated_backend.go": genBackendInterface,
-		"dispatcher/zz_generated_ops.go":  genDispatcher,
-		"docs/ops.md":                     genDocs,
+		"backend/zz_generated_ops.go":        genBackendOps,
+		"backend/zz_generated_backend.go":    genBackendInterface,
+		"dispatcher/zz_generated_ops.go":     genDispatcher,
+		"internal/stage/zz_generated_ops.go": genStage,
+		"docs/ops.md":                        genDocs,
 	}
 	for rel, fn := range files {
 		out, err := fn(s)

@@ -26,6 +26,10 @@ type OpSpec struct {
 	Args      []ArgSpec `yaml:"args"`
 	Options   []OptSpec `yaml:"options"`
 	Rules     []Rule    `yaml:"rules"`
+	// Stage is "manual" when internal/stage writes the op's delegation by
+	// hand (an op whose staging is not the regular copy-in, copy-back);
+	// empty, it is generated (zz_generated_ops.go there).
+	Stage string `yaml:"stage"`
 }
 
 // ArgSpec is a positional argument.
@@ -123,6 +127,9 @@ func (op *OpSpec) check() error {
 	}
 	if op.Profiling == "" {
 		return fmt.Errorf("profiling name missing")
+	}
+	if op.Stage != "" && op.Stage != "manual" {
+		return fmt.Errorf("stage %q is neither empty nor manual", op.Stage)
 	}
 	for _, f := range op.Flags {
 		if !flagSet[f] {
