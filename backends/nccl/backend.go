@@ -10,7 +10,9 @@
 //   - sync mode (the default) queues the kernel on ctx's current stream;
 //     async mode queues it on an internal stream per device key that first
 //     waits on an event of the current stream, records an end event, and
-//     stashes the tensors until Work.Wait;
+//     stashes the tensors until Work.Wait; with Options.AsyncOnCurrentStream
+//     async ops are queued on the current stream too (no sync event, no
+//     overlap with that stream's compute), keeping the stash and Wait;
 //   - a watchdog goroutine polls every 100 ms for completions, timeouts and
 //     NCCL's asynchronous errors, and releases the stashes of works never
 //     waited on at the next op.

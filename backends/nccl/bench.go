@@ -83,6 +83,38 @@ func (b *Backend) FloorAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.
 	return time.Duration(ns), nil
 }
 
+// FloorAllreduceCurrentStream is FloorAllreduce for
+// Options.AsyncOnCurrentStream: iters calls from a C loop, each making the
+// driver calls of an async allreduce + Wait in that mode (context check,
+// capture query, ncclAllReduce on s, the end event's record on s; Wait on
+// s makes none) on t in place.
+func (b *Backend) FloorAllreduceCurrentStream(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) (time.Duration, error) {
+	if iters < 1 {
+		return 0, fmt.Errorf("nccl: FloorAllreduceCurrentStream of %d calls", iters)
+	}
+	c, err := b.getComm(ctx, t.Device().Index)
+	if err != nil {
+		return 0, err
+	}
+	dt, err := ncclType(t.DType())
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	end, err := c.event(false)
+	if err != nil {
+		return 0, err
+	}
+	defer c.putEvents(end)
+	ns := C.gn_bench_floor_cur(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), C.uintptr_t(end.Handle()),
+		C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters))
+	if ns < 0 {
+		return 0, fmt.Errorf("nccl: current-stream floor allreduce failed (%d): %s", ns, C.GoString(C.gn_last_error()))
+	}
+	return time.Duration(ns), nil
+}
+
 // callSlots names gn_bench_calls' slots, in its order (GN_S_*).
 var callSlots = [...]string{"clock", "ctx-check", "record-sync", "wait-sync", "capture-query", "ncclAllReduce",
 	"record-end", "ctx-check-wait", "wait-end", "query-end"}

@@ -100,7 +100,10 @@ func (b *Backend) submit(ctx context.Context, m backend.Meta, dev int, async boo
 // launch issues calls on c as one op with one Work, one sync event and one
 // end event. In sync mode the calls run on ctx's current stream; in async
 // mode on c's internal stream, which first waits on the current stream
-// through the sync event, and the tensors are stashed until Wait.
+// through the sync event, and the tensors are stashed until Wait. With
+// Options.AsyncOnCurrentStream an async op runs on the current stream
+// too, with no sync event (stream order does its work), and keeps the
+// rest of async mode: the stash, and Wait's ordering of another stream.
 //
 // Calls with a count of 0 never reach NCCL, as PyTorch's all2all skips
 // them: every rank has the same count for a collective, and a send/recv
@@ -123,7 +126,7 @@ func (b *Backend) launch(ctx context.Context, m backend.Meta, c *comm, async boo
 	w := &Work{b: b, c: c, op: m.Op, seq: m.Seq, timeout: opTimeout(m), async: async, outputs: outs, timing: b.opts.EnableTiming}
 	w.stream = cur
 	syncEv := uintptr(0)
-	if async {
+	if async && !b.opts.AsyncOnCurrentStream {
 		w.stream = c.stream
 		// The sync event orders the internal stream after the current
 		// one; when the caller made the internal stream current (a Work's

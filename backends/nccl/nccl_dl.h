@@ -103,6 +103,11 @@ long long gn_bench_raw(uintptr_t ctx, uintptr_t comm, uintptr_t s, uintptr_t buf
 // Wait's wait of cur on it. It returns the host nanoseconds of iters calls.
 long long gn_bench_floor(uintptr_t ctx, uintptr_t comm, uintptr_t nstream, uintptr_t cur, uintptr_t syncEv, uintptr_t endEv,
                          uintptr_t buf, size_t count, int dt, int iters);
+// gn_bench_floor_cur is gn_bench_floor for Options.AsyncOnCurrentStream: per
+// call the context check, the capture query, ncclAllReduce on cur and the
+// end event's record there; Wait on cur makes no driver call.
+long long gn_bench_floor_cur(uintptr_t ctx, uintptr_t comm, uintptr_t cur, uintptr_t endEv, uintptr_t buf, size_t count,
+                             int dt, int iters);
 // gn_bench_calls: each call of gn_bench_floor timed on its own (nccl_dl.c).
 enum { GN_S_CLOCK, GN_S_CTX1, GN_S_REC_SYNC, GN_S_WAIT_SYNC, GN_S_CAPQ, GN_S_NCCL, GN_S_REC_END, GN_S_CTX2,
        GN_S_WAIT_END, GN_S_QUERY, GN_SLOTS };

@@ -106,6 +106,20 @@ type Options struct {
 	// EnableTiming records a start event per op, so that IsStarted and
 	// Duration work (GOCOLL_NCCL_ENABLE_TIMING).
 	EnableTiming bool
+	// AsyncOnCurrentStream queues async ops (Async: true) on ctx's current
+	// stream, as sync ops are, instead of the internal stream
+	// (GOCOLL_NCCL_ASYNC_ON_CURRENT_STREAM; no TORCH_ name: PyTorch has no
+	// such switch, it does this for async_op=False since 2.7). The op makes
+	// no sync event and no stream wait: it runs in the order of that
+	// stream's kernels, so it does not overlap with compute queued on the
+	// same stream (queue compute on another stream to overlap). Wait makes
+	// ctx's current stream wait on the op's end event only when that is
+	// another stream than the op's (Work.Stream()); the tensors stay
+	// stashed until Wait; completion, IsCompleted, WaitHost, timeouts and
+	// the watchdog go by the end event as in the default mode. An op's
+	// timeout counts from its issue, so time the op spends queued behind
+	// the stream's earlier kernels counts, as for sync ops.
+	AsyncOnCurrentStream bool
 	// NonBlocking creates communicators with config.blocking = 0 and polls
 	// them (GOCOLL_NCCL_USE_COMM_NONBLOCKING).
 	NonBlocking bool
@@ -176,6 +190,7 @@ var (
 	knobNaNCheck     = boolKnob("NaNCheck", vars("NAN_CHECK")...)
 	knobTiming       = boolKnob("EnableTiming", vars("ENABLE_TIMING")...)
 	knobNonBlocking  = boolKnob("NonBlocking", vars("USE_COMM_NONBLOCKING")...)
+	knobCurStream    = boolKnob("AsyncOnCurrentStream", "GOCOLL_NCCL_ASYNC_ON_CURRENT_STREAM")
 	knobPolicy       = knob.Knob[ErrorPolicy]{Field: "nccl.Options.ErrorPolicy",
 		Env: vars("ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"), Default: SkipCleanUp, Parse: parsePolicy,
 		Check: func(p ErrorPolicy) error {
@@ -210,6 +225,7 @@ func resolveOptions(o Options, env knob.Env) (Options, error) {
 	set(&o.NaNCheck, knobNaNCheck)
 	set(&o.EnableTiming, knobTiming)
 	set(&o.NonBlocking, knobNonBlocking)
+	set(&o.AsyncOnCurrentStream, knobCurStream)
 	if err == nil {
 		o.ErrorPolicy, err = knobPolicy.Resolve(env, o.ErrorPolicy)
 	}

@@ -48,6 +48,12 @@ func TestResolveOptions(t *testing.T) {
 				o.BlockingWait, o.NaNCheck, o.EnableTiming, o.NonBlocking, o.HighPriorityStream = true, true, true, true, true
 				return o
 			}()},
+		{"async on the current stream from its variable", Options{}, map[string]string{"GOCOLL_NCCL_ASYNC_ON_CURRENT_STREAM": "1"}, func() Options {
+			o := DefaultOptions()
+			o.AsyncOnCurrentStream = true
+			return o
+		}()},
+		{"no TORCH_ name for async on the current stream", Options{}, map[string]string{"TORCH_NCCL_ASYNC_ON_CURRENT_STREAM": "1"}, DefaultOptions()},
 		{"legacy blocking wait", Options{}, map[string]string{"NCCL_BLOCKING_WAIT": "1"}, func() Options {
 			o := DefaultOptions()
 			o.BlockingWait = true
@@ -95,6 +101,7 @@ func TestResolveOptionsRejects(t *testing.T) {
 		{"bool big", Options{}, map[string]string{"TORCH_NCCL_BLOCKING_WAIT": "2147483647"}, `TORCH_NCCL_BLOCKING_WAIT="2147483647"`},
 		{"bool bigger", Options{}, map[string]string{"TORCH_NCCL_BLOCKING_WAIT": "4294967295"}, `TORCH_NCCL_BLOCKING_WAIT="4294967295"`},
 		{"legacy bool", Options{}, map[string]string{"NCCL_BLOCKING_WAIT": "2"}, `NCCL_BLOCKING_WAIT="2"`},
+		{"async on the current stream", Options{}, map[string]string{"GOCOLL_NCCL_ASYNC_ON_CURRENT_STREAM": "sometimes"}, `GOCOLL_NCCL_ASYNC_ON_CURRENT_STREAM="sometimes"`},
 		{"nan check", Options{}, map[string]string{"GOCOLL_NCCL_NAN_CHECK": "maybe"}, `GOCOLL_NCCL_NAN_CHECK="maybe"`},
 		{"policy 4", Options{}, map[string]string{"GOCOLL_NCCL_ASYNC_ERROR_HANDLING": "4"}, `GOCOLL_NCCL_ASYNC_ERROR_HANDLING="4": want 0 (NoHandling)`},
 		{"policy -1", Options{}, map[string]string{"TORCH_NCCL_ASYNC_ERROR_HANDLING": "-1"}, `TORCH_NCCL_ASYNC_ERROR_HANDLING="-1"`},

@@ -34,7 +34,7 @@ type Work struct {
 	seq     uint64
 	timeout time.Duration
 	enq     time.Time
-	async   bool         // ran on the internal stream; Wait orders the current stream
+	async   bool         // an async op: Wait orders ctx's current stream (when not w.stream) and releases the stash
 	barrier bool         // Wait also blocks the host on the current stream
 	stream  *cuda.Stream // the stream the kernel is on
 	lseq    uint64       // its number among c's launches (comm.launches)
@@ -207,8 +207,9 @@ func (w *Work) fail(err error) {
 }
 
 // Wait implements backend.Work (PyTorch's wait()). In async mode it makes
-// ctx's current stream wait on the end event and then releases the stash;
-// the host does not block. In sync mode the kernel is already on the
+// ctx's current stream wait on the end event, unless that stream is the
+// one the op ran on (Options.AsyncOnCurrentStream, or the internal stream
+// made current), and then releases the stash; the host does not block. In sync mode the kernel is already on the
 // current stream and Wait does nothing. With BlockingWait, and for
 // barriers, it also blocks the host until completion or the op's timeout.
 func (w *Work) Wait(ctx context.Context) error {
@@ -429,5 +430,6 @@ func (w *Work) Abort(reason error) {
 func (w *Work) Device() int { return w.c.dev.Ordinal() }
 
 // Stream returns the stream the op's kernel was queued on: the internal
-// stream in async mode, the current stream in sync mode.
+// stream in async mode, the current stream in sync mode and in async mode
+// with Options.AsyncOnCurrentStream.
 func (w *Work) Stream() *cuda.Stream { return w.stream }

@@ -36,6 +36,7 @@ type hcFlags struct {
 	torchRuns  int
 	jsonPath   string
 	cpuProfile string
+	only       string
 }
 
 func parseHostCostFlags(args []string) (*hcFlags, error) {
@@ -49,6 +50,7 @@ func parseHostCostFlags(args []string) (*hcFlags, error) {
 	fs.IntVar(&f.torchRuns, "torch-runs", 2, "how many times the torch peer runs (between Go rounds), each with its modes taking turns")
 	fs.StringVar(&f.jsonPath, "json", "", "write every sample to FILE as JSON")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured Go rounds to FILE (go tool pprof)")
+	fs.StringVar(&f.only, "only", "", "run only the modes whose names contain one of these comma-separated words (nccl raw always runs), e.g. to profile one mode")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: conftest bench hostcost [flags]
 
@@ -62,6 +64,10 @@ to its thread) per call, in batches of --batch, for each layer and mode:
   dispatcher ...    ProcessGroup.Allreduce, flight recorder on (the default) or off
   sync              nccl: on the current stream (Wait is a no-op); host backends: the op, then Wait
   async+Wait        nccl: Async, on the internal stream, then Wait; host backends: as sync
+  ..., current stream  nccl: Async with nccl.Options.AsyncOnCurrentStream: the op on the
+                    current stream, no sync event, Wait on the same stream orders nothing;
+                    its C floor is "nccl + CUDA calls, current stream" (the context check,
+                    the capture query, ncclAllReduce and the end event's record)
   issue             the call alone; the Waits come after the batch, untimed
 and beside them torch's (python/hostcost_torch.py: dist.all_reduce sync,
 async + wait(), and issue alone; nccl for --backend nccl, gloo otherwise).
@@ -290,6 +296,24 @@ func hostCostModes(ctx context.Context, f *hcFlags) ([]hcMode, string, func(), e
 	if err != nil {
 		return fail(err)
 	}
+	// nccl: groups whose async ops run on the current stream, recorder on
+	// and off.
+	var cs, csOff *dispatcher.ProcessGroup
+	if isGPU {
+		for _, e := range []struct {
+			pg      **dispatcher.ProcessGroup
+			entries int
+		}{{&cs, 0}, {&csOff, -1}} {
+			pg, err := dispatcher.Init(ctx, dispatcher.Config{Store: store.NewHashStore(), WorldSize: 1, Backend: f.backend, Device: cfgDev,
+				BackendOptions: map[string]any{nccl.Name: &nccl.Options{AsyncOnCurrentStream: true}},
+				FlightRecorder: dispatcher.FlightRecorderOptions{Entries: e.entries, DumpPrefix: os.TempDir() + "/gocoll_hostcost_rank_"}})
+			if err != nil {
+				return fail(err)
+			}
+			closers = append(closers, func() { pg.Close(ctx) })
+			*e.pg = pg
+		}
+	}
 	opctx := ctx
 	var x *tensor.Tensor
 	var cur *cuda.Stream
@@ -384,18 +408,45 @@ func hostCostModes(ctx context.Context, f *hcFlags) ([]hcMode, string, func(), e
 			fself = d
 			return err
 		}})
+		var cself time.Duration
+		modes = append(modes, hcMode{name: hcFloorCurMode, self: &cself, settle: drain, run: func(n int) error {
+			d, err := nb.FloorAllreduceCurrentStream(opctx, x, cur, n)
+			cself = d
+			return err
+		}})
+		csb, err := cs.Backend(dev.Type)
+		if err != nil {
+			return fail(err)
+		}
 		add("backend sync", loop(be(backend.AllreduceOptions{}), false, false))
 		add("backend async+Wait", loop(be(async), true, false))
+		add("backend async+Wait, current stream", loop(func() (backend.Work, error) { return csb.Allreduce(opctx, meta(), xs, async) }, true, false))
 		add("dispatcher sync, recorder on", loop(disp(on, backend.AllreduceOptions{}), false, false))
-		add("dispatcher async+Wait, recorder on", loop(disp(on, async), true, false))
+		add(hcGoalMode, loop(disp(on, async), true, false))
 		add("dispatcher async issue, recorder on", loop(disp(on, async), false, true))
 		add("dispatcher async+Wait, recorder off", loop(disp(off, async), true, false))
+		add(hcGoalCurMode, loop(disp(cs, async), true, false))
+		add("dispatcher async+Wait, recorder off, current stream", loop(disp(csOff, async), true, false))
 	} else {
 		add("backend op+Wait", loop(be(async), true, false))
 		add("backend issue", loop(be(async), false, true))
 		add("dispatcher op+Wait, recorder on", loop(disp(on, async), true, false))
 		add("dispatcher issue, recorder on", loop(disp(on, async), false, true))
 		add("dispatcher op+Wait, recorder off", loop(disp(off, async), true, false))
+	}
+	if f.only != "" {
+		kept := modes[:0]
+		for _, m := range modes {
+			keep := m.name == hcRawMode
+			for _, w := range strings.Split(f.only, ",") {
+				keep = keep || (w != "" && strings.Contains(m.name, w))
+			}
+			if keep {
+				kept = append(kept, m)
+			}
+		}
+		modes = kept
+		desc += "; modes matching --only " + strconv.Quote(f.only)
 	}
 	return modes, desc, closeAll, nil
 }

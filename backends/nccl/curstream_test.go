@@ -1,0 +1,253 @@
+package nccl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/cuda"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// curStreamOpts are testOpts with async ops on the current stream.
+func curStreamOpts() Options {
+	o := testOpts()
+	o.AsyncOnCurrentStream = true
+	return o
+}
+
+// TestAsyncOnCurrentStream: with Options.AsyncOnCurrentStream an async op
+// is queued on the current stream. Held behind a gate there, it returns at
+// once and does not complete; a gate on the internal stream does not hold
+// it (it makes no stream wait there); Wait on the same stream returns
+// without blocking the host; Wait under another stream orders that stream
+// after the op; WaitHost with a short deadline ends with the caller's
+// deadline; the tensors stay stashed until Wait; once the gate opens the
+// op completes with the reduced values and the other stream's copy sees
+// them.
+func TestAsyncOnCurrentStream(t *testing.T) {
+	envs := newRanks(t, 0, curStreamOpts())
+	each(t, envs, func(e *rankEnv) error {
+		other, err := e.dev.NewStream(cuda.StreamOptions{})
+		if err != nil {
+			return err
+		}
+		defer other.Destroy()
+		x, err := ones(e)
+		if err != nil {
+			return err
+		}
+		defer x.Free()
+		internal, err := e.b.Stream(e.ctx, e.r)
+		if err != nil {
+			return err
+		}
+		pin, err := e.dev.HostAlloc(4*n, 0)
+		if err != nil {
+			return err
+		}
+		defer pin.Free()
+		ev, err := e.dev.NewEvent(false)
+		if err != nil {
+			return err
+		}
+		defer ev.Destroy()
+		// One op first: the event pool exists before the gates close (no
+		// device-wide call while one is held).
+		w0, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+		if err != nil {
+			return err
+		}
+		if err := w0.Wait(e.ctx); err != nil {
+			return err
+		}
+		if err := e.cur.Synchronize(); err != nil {
+			return err
+		}
+		// x is now sumRanks; the op below reduces it again.
+		want := sumRanks(e.n) * float64(e.n)
+		gi, err := e.dev.NewGate()
+		if err != nil {
+			return err
+		}
+		defer gi.Free()
+		defer gi.Open()
+		gc, err := e.dev.NewGate()
+		if err != nil {
+			return err
+		}
+		defer gc.Free()
+		defer gc.Open()
+		if err := gi.Hold(internal); err != nil {
+			return err
+		}
+		if err := gc.Hold(e.cur); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+		if err != nil {
+			return err
+		}
+		if d := time.Since(t0); d > 200*time.Millisecond {
+			return fmt.Errorf("async allreduce took %v to return", d)
+		}
+		wk := w.(*Work)
+		if got := wk.Stream().Handle(); got != e.cur.Handle() {
+			return fmt.Errorf("op ran on stream %#x, want the current stream %#x", got, e.cur.Handle())
+		}
+		if wk.nstash != 1 {
+			return fmt.Errorf("%d tensors stashed before Wait, want 1", wk.nstash)
+		}
+		// Wait under the other stream: it must order that stream.
+		ctxB := cuda.WithStream(context.Background(), other)
+		if err := w.Wait(ctxB); err != nil {
+			return err
+		}
+		if err := cuda.CopyToPinned(ctxB, pin, x); err != nil {
+			return err
+		}
+		if err := ev.Record(other); err != nil {
+			return err
+		}
+		// Wait on its own stream: nothing to order, and the host goes on.
+		t0 = time.Now()
+		if err := w.Wait(e.ctx); err != nil {
+			return err
+		}
+		if d := time.Since(t0); d > 100*time.Millisecond {
+			return fmt.Errorf("Wait blocked the host for %v", d)
+		}
+		if wk.nstash != 0 {
+			return fmt.Errorf("%d tensors still stashed after Wait", wk.nstash)
+		}
+		// The internal stream's gate stays closed: it must not hold the op.
+		gc.Open()
+		wctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := w.WaitHost(wctx); err != nil {
+			return fmt.Errorf("op held by the internal stream's gate (or failed): %w", err)
+		}
+		if !w.IsCompleted() {
+			return errors.New("IsCompleted false after WaitHost")
+		}
+		if err := ev.Wait(wctx); err != nil {
+			return err
+		}
+		if v := pinnedF32(pin, n-1); v != want {
+			return fmt.Errorf("the other stream saw %v after Wait, want the reduced %v", v, want)
+		}
+		gi.Open()
+		return e.expect(x, func(int) float64 { return want })
+	})
+}
+
+// TestAsyncOnCurrentStreamHeld: while the current stream is held the op
+// does not complete, WaitHost ends with the caller's deadline (not the
+// op's), and IsCompleted stays false; after the gate opens it completes.
+func TestAsyncOnCurrentStreamHeld(t *testing.T) {
+	envs := newRanks(t, 0, curStreamOpts())
+	each(t, envs, func(e *rankEnv) error {
+		x, err := ones(e)
+		if err != nil {
+			return err
+		}
+		defer x.Free()
+		if err := e.cur.Synchronize(); err != nil {
+			return err
+		}
+		g, err := e.dev.NewGate()
+		if err != nil {
+			return err
+		}
+		defer g.Free()
+		defer g.Open()
+		if err := g.Hold(e.cur); err != nil {
+			return err
+		}
+		w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+		if err != nil {
+			return err
+		}
+		if err := w.Wait(e.ctx); err != nil {
+			return err
+		}
+		short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		err = w.WaitHost(short)
+		var we *backend.WaitError
+		if !errors.As(err, &we) || !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("WaitHost on a held op: %v, want the caller's deadline (*backend.WaitError)", err)
+		}
+		if w.IsCompleted() {
+			return errors.New("IsCompleted true while the op's stream is held")
+		}
+		g.Open()
+		wctx, cancel2 := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel2()
+		if err := w.WaitHost(wctx); err != nil {
+			return err
+		}
+		return e.expect(x, func(int) float64 { return sumRanks(e.n) })
+	})
+}
+
+// TestAsyncOnCurrentStreamTimeout: the watchdog times out an op of this
+// mode held on the current stream past its timeout (NoHandling: the Work
+// fails with ErrTimeout, nothing else happens), and a later op, once the
+// stream runs again, completes.
+func TestAsyncOnCurrentStreamTimeout(t *testing.T) {
+	o := curStreamOpts()
+	o.WatchdogInterval = 10 * time.Millisecond
+	envs := newRanks(t, 0, o)
+	each(t, envs, func(e *rankEnv) error {
+		x, err := ones(e)
+		if err != nil {
+			return err
+		}
+		defer x.Free()
+		if err := e.cur.Synchronize(); err != nil {
+			return err
+		}
+		g, err := e.dev.NewGate()
+		if err != nil {
+			return err
+		}
+		defer g.Free()
+		defer g.Open()
+		if err := g.Hold(e.cur); err != nil {
+			return err
+		}
+		m := e.meta(backend.OpAllreduce)
+		m.Timeout = 100 * time.Millisecond
+		w, err := e.b.Allreduce(e.ctx, m, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+		if err != nil {
+			return err
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for w.Exception() == nil && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err := w.Exception(); !errors.Is(err, backend.ErrTimeout) {
+			return fmt.Errorf("held op's error: %v, want ErrTimeout from the watchdog", err)
+		}
+		if w.IsCompleted() != true { // finished: failed
+			return errors.New("a timed-out op must count as finished")
+		}
+		g.Open()
+		w2, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := w2.WaitHost(wctx); err != nil {
+			return err
+		}
+		// Both ops ran: the timed-out one was only held, not dropped.
+		return e.expect(x, func(int) float64 { return sumRanks(e.n) * float64(e.n) })
+	})
+}
