@@ -25,18 +25,18 @@ func defineNCCLCoalescing(s *conformance.Suite) {
 	Describe("nccl coalescing", Label(conformance.LabelCoalescing, conformance.LabelAsync), func() {
 		It("a coalesced block gives one Work: its ops return none, and the block's Work covers them all", func() {
 			e := gpu(s)
-			defer e.close()
+			defer e.Close()
 			s.Require(s.Caps.Coalescing, "the backend has no coalescing blocks")
 			var xs []*tensor.Tensor
 			for k := range 3 {
-				xs = append(xs, e.fill(100+k, func(int) float64 { return float64(s.Rank + k) }))
+				xs = append(xs, e.Fill(100+k, func(int) float64 { return float64(s.Rank + k) }))
 			}
 			ns := e.ncclStream()
-			g := e.newGate()
-			e.sync()
-			e.hold(g, ns)
+			g := e.NewGate()
+			e.Sync()
+			e.Hold(g, ns)
 			var inner []backend.Work
-			w, err := nccl.Coalesce(e.ctx, e.b, func(ctx context.Context) error {
+			w, err := nccl.Coalesce(e.Ctx, e.b, func(ctx context.Context) error {
 				for _, x := range xs {
 					iw, err := e.b.Allreduce(ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
 					if err != nil {
@@ -55,10 +55,10 @@ func defineNCCLCoalescing(s *conformance.Suite) {
 			// complete with every op's result in place.
 			Consistently(w.IsCompleted, 30*time.Millisecond, 10*time.Millisecond).Should(BeFalse())
 			g.Open()
-			Expect(w.Wait(e.ctx)).To(Succeed())
+			Expect(w.Wait(e.Ctx)).To(Succeed())
 			for k, x := range xs {
 				want := float64(s.Size*k) + sumRanks(s) - float64(s.Size)
-				expectAll(e.read(x), func(int) float64 { return want }, fmt.Sprintf("tensor %d", k))
+				expectAll(e.Read(x), func(int) float64 { return want }, fmt.Sprintf("tensor %d", k))
 			}
 			Expect(w.IsCompleted()).To(BeTrue())
 		})

@@ -28,15 +28,15 @@ func defineNCCLGraph(s *conformance.Suite) {
 	Describe("nccl CUDA graph capture", Label(conformance.LabelStream), func() {
 		It("sync mode: a captured allgather_into_tensor is not failed and not pending; replays run it; nothing is dumped", func() {
 			e := gpu(s)
-			defer e.close()
+			defer e.Close()
 			fr := s.PG.FlightRecorder()
-			in := e.fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
-			out := e.zeros(tensor.Float32, gpuN*s.Size)
+			in := e.Fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
+			out := e.Zeros(tensor.Float32, gpuN*s.Size)
 			// The first collective connects the peers, which cannot be
 			// captured: run one eagerly.
-			s.Done(s.PG.AllgatherIntoTensor(e.ctx, out, in, backend.AllgatherIntoTensorOptions{}))
-			Expect(e.cur.Memset32(out.Ptr(), 0, gpuN*s.Size)).To(Succeed())
-			e.sync()
+			s.Done(s.PG.AllgatherIntoTensor(e.Ctx, out, in, backend.AllgatherIntoTensorOptions{}))
+			Expect(e.Cur.Memset32(out.Ptr(), 0, gpuN*s.Size)).To(Succeed())
+			e.Sync()
 			dumps := 0
 			if fr != nil {
 				dumps = fr.Dumps()
@@ -45,31 +45,31 @@ func defineNCCLGraph(s *conformance.Suite) {
 			// Thread-local capture: the capturing thread must stay the same
 			// from BeginCapture to EndCapture.
 			runtime.LockOSThread()
-			Expect(e.cur.BeginCapture(cuda.CaptureModeThreadLocal)).To(Succeed())
-			w, err := s.PG.AllgatherIntoTensor(e.ctx, out, in, backend.AllgatherIntoTensorOptions{})
-			gr, endErr := e.cur.EndCapture()
+			Expect(e.Cur.BeginCapture(cuda.CaptureModeThreadLocal)).To(Succeed())
+			w, err := s.PG.AllgatherIntoTensor(e.Ctx, out, in, backend.AllgatherIntoTensorOptions{})
+			gr, endErr := e.Cur.EndCapture()
 			runtime.UnlockOSThread()
 			Expect(err).NotTo(HaveOccurred())
 			Expect(endErr).NotTo(HaveOccurred())
 			defer func() { _ = gr.Destroy() }()
 			cr, ok := w.(backend.CaptureReporter)
 			Expect(ok && cr.Captured()).To(BeTrue(), "the Work of a captured op does not report it captured")
-			expectAll(e.read(out), func(int) float64 { return 0 }, "output after the capture (nothing ran)")
+			expectAll(e.Read(out), func(int) float64 { return 0 }, "output after the capture (nothing ran)")
 
 			for range 3 {
-				Expect(gr.Launch(e.cur)).To(Succeed())
+				Expect(gr.Launch(e.Cur)).To(Succeed())
 			}
-			expectAll(e.read(out), func(i int) float64 { return float64(i/gpuN + 1) }, "allgather after the replays")
+			expectAll(e.Read(out), func(i int) float64 { return float64(i/gpuN + 1) }, "allgather after the replays")
 
 			// Several periods of the flight recorder's and the watchdog's
 			// polls (100 ms each) go by.
 			time.Sleep(350 * time.Millisecond)
 			Expect(w.Exception()).To(BeNil())
 			Expect(w.IsCompleted()).To(BeTrue(), "a captured op leaves nothing for the host to wait for")
-			ctx, cancel := e.waitCtx()
+			ctx, cancel := e.WaitCtx()
 			defer cancel()
 			Expect(w.WaitHost(ctx)).To(Succeed())
-			Expect(w.Wait(e.ctx)).To(Succeed())
+			Expect(w.Wait(e.Ctx)).To(Succeed())
 			if fr != nil {
 				var entry *frtrace.Entry
 				snap := fr.Snapshot("conformance: graph capture")

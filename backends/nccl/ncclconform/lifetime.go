@@ -29,39 +29,39 @@ func init() { conformance.Define(defineNCCLLifetime) }
 // whether the allocator handed the freed input's memory back.
 func freeAndReuse(e *gpuEnv, b backend.Backend, issue func(out, in *tensor.Tensor) (backend.Work, error)) (got []float64, reused bool) {
 	GinkgoHelper()
-	s := e.s
-	in := e.fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
-	out := e.empty(tensor.Float32, gpuN*s.Size)
-	ns, err := b.(*nccl.Backend).Stream(e.ctx, e.ord)
+	s := e.S
+	in := e.Fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
+	out := e.Empty(tensor.Float32, gpuN*s.Size)
+	ns, err := b.(*nccl.Backend).Stream(e.Ctx, e.Ord)
 	Expect(err).NotTo(HaveOccurred())
-	ev := e.event()
-	g := e.newGate()
-	e.sync()
-	e.hold(g, ns)
+	ev := e.Event()
+	g := e.NewGate()
+	e.Sync()
+	e.Hold(g, ns)
 	old := in.Ptr()
 	w, err := issue(out, in)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(in.Free()).To(Succeed()) // the user drops the input before Wait
-	y := e.empty(tensor.Float32, gpuN)
+	y := e.Empty(tensor.Float32, gpuN)
 	reused = y.Ptr() == old
-	Expect(e.cur.Memset32(y.Ptr(), f32bits(7), gpuN)).To(Succeed())
+	Expect(e.Cur.Memset32(y.Ptr(), f32bits(7), gpuN)).To(Succeed())
 	// The memset runs before the collective can.
-	Expect(ev.Record(e.cur)).To(Succeed())
-	ctx, cancel := e.waitCtx()
+	Expect(ev.Record(e.Cur)).To(Succeed())
+	ctx, cancel := e.WaitCtx()
 	defer cancel()
 	Expect(ev.Wait(ctx)).To(Succeed())
 	g.Open()
-	Expect(w.Wait(e.ctx)).To(Succeed())
-	return e.read(out), reused
+	Expect(w.Wait(e.Ctx)).To(Succeed())
+	return e.Read(out), reused
 }
 
 func defineNCCLLifetime(s *conformance.Suite) {
 	Describe("nccl tensor lifetime", Label(conformance.LabelLifetime, conformance.LabelAsync), func() {
 		It("with the stash, an input freed right after an async op is not reused until Wait, and the result is correct", func() {
 			e := gpu(s)
-			defer e.close()
+			defer e.Close()
 			got, reused := freeAndReuse(e, e.b, func(out, in *tensor.Tensor) (backend.Work, error) {
-				return s.PG.AllgatherIntoTensor(e.ctx, out, in, backend.AllgatherIntoTensorOptions{Async: true})
+				return s.PG.AllgatherIntoTensor(e.Ctx, out, in, backend.AllgatherIntoTensorOptions{Async: true})
 			})
 			Expect(reused).To(BeFalse(), "the allocator reused a stashed input")
 			expectAll(got, func(i int) float64 { return float64(i/gpuN + 1) }, "allgather_into_tensor")
@@ -69,7 +69,7 @@ func defineNCCLLifetime(s *conformance.Suite) {
 
 		It("without the stash (test-only knob ncclhook.Knobs.DisableStash), the same program reads the freed input's reused memory and is corrupted", func() {
 			e := gpu(s)
-			defer e.close()
+			defer e.Close()
 			// A backend of its own, with the test-only option; every rank
 			// makes it at this point, before any gate closes.
 			ctx, cancel := s.Ctx()
@@ -82,7 +82,7 @@ func defineNCCLLifetime(s *conformance.Suite) {
 			nb, err := nccl.New(ctx, backend.Config{Store: st, Rank: s.Rank, WorldSize: s.Size, GroupName: fmt.Sprintf("conformance_nostash_%d", s.SpecIndex()),
 				GroupDesc: "conformance:nostash", Timeout: s.Timeout, Device: &dev, Options: &opts})
 			Expect(err).NotTo(HaveOccurred())
-			e.defer_(func() {
+			e.Defer(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 				defer cancel()
 				_ = nb.Close(ctx)
@@ -93,7 +93,7 @@ func defineNCCLLifetime(s *conformance.Suite) {
 				_ = nb.Abort(ctx, fmt.Errorf("conformance: spec over"))
 			})
 			got, reused := freeAndReuse(e, nb, func(out, in *tensor.Tensor) (backend.Work, error) {
-				return nb.AllgatherIntoTensor(e.ctx, e.meta(backend.OpAllgatherIntoTensor), out, in, backend.AllgatherIntoTensorOptions{Async: true})
+				return nb.AllgatherIntoTensor(e.Ctx, e.meta(backend.OpAllgatherIntoTensor), out, in, backend.AllgatherIntoTensorOptions{Async: true})
 			})
 			if !reused {
 				Skip("the allocator did not hand the freed input's memory back, so the corruption was not provoked")
@@ -106,38 +106,38 @@ func defineNCCLLifetime(s *conformance.Suite) {
 
 		It("rule 4: an input written on a side stream is safe only once the current stream waits on that stream", Label(conformance.LabelStream), func() {
 			e := gpu(s)
-			defer e.close()
-			side := e.stream()
-			link := e.event()
-			x := e.fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
-			out := e.empty(tensor.Float32, gpuN*s.Size)
-			g1, g2 := e.newGate(), e.newGate()
-			e.sync()
-			ctx, cancel := e.waitCtx()
+			defer e.Close()
+			side := e.Stream()
+			link := e.Event()
+			x := e.Fill(gpuN, func(int) float64 { return float64(s.Rank + 1) })
+			out := e.Empty(tensor.Float32, gpuN*s.Size)
+			g1, g2 := e.NewGate(), e.NewGate()
+			e.Sync()
+			ctx, cancel := e.WaitCtx()
 			defer cancel()
 
 			// Unsafe: the side stream's write (x = 5) is pending and the
 			// current stream does not wait on it: the op reads the old x.
-			e.hold(g1, side)
+			e.Hold(g1, side)
 			Expect(side.Memset32(x.Ptr(), f32bits(5), gpuN)).To(Succeed())
-			w, err := s.PG.AllgatherIntoTensor(e.ctx, out, x, backend.AllgatherIntoTensorOptions{Async: true})
+			w, err := s.PG.AllgatherIntoTensor(e.Ctx, out, x, backend.AllgatherIntoTensorOptions{Async: true})
 			Expect(err).NotTo(HaveOccurred())
 			Expect(w.WaitHost(ctx)).To(Succeed(), "the op did not run ahead of the side stream")
-			Expect(w.Wait(e.ctx)).To(Succeed())
-			expectAll(e.read(out), func(i int) float64 { return float64(i/gpuN + 1) }, "unsafe case: the op read x before the side stream wrote it")
+			Expect(w.Wait(e.Ctx)).To(Succeed())
+			expectAll(e.Read(out), func(i int) float64 { return float64(i/gpuN + 1) }, "unsafe case: the op read x before the side stream wrote it")
 			g1.Open()
 			Expect(side.Synchronize()).To(Succeed())
 
 			// Safe: the current stream waits on the side stream first.
-			e.hold(g2, side)
+			e.Hold(g2, side)
 			Expect(side.Memset32(x.Ptr(), f32bits(6), gpuN)).To(Succeed())
-			Expect(e.cur.WaitStream(side, link)).To(Succeed())
-			w, err = s.PG.AllgatherIntoTensor(e.ctx, out, x, backend.AllgatherIntoTensorOptions{Async: true})
+			Expect(e.Cur.WaitStream(side, link)).To(Succeed())
+			w, err = s.PG.AllgatherIntoTensor(e.Ctx, out, x, backend.AllgatherIntoTensorOptions{Async: true})
 			Expect(err).NotTo(HaveOccurred())
 			Consistently(w.IsCompleted, 30*time.Millisecond, 10*time.Millisecond).Should(BeFalse(), "the op ran before the side stream produced its input")
 			g2.Open()
-			Expect(w.Wait(e.ctx)).To(Succeed())
-			expectAll(e.read(out), func(int) float64 { return 6 }, "safe case")
+			Expect(w.Wait(e.Ctx)).To(Succeed())
+			expectAll(e.Read(out), func(int) float64 { return 6 }, "safe case")
 		})
 	})
 }

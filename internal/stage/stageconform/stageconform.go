@@ -15,7 +15,6 @@ package stageconform
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2" //nolint:revive
@@ -32,140 +31,41 @@ func init() { conformance.Define(define) }
 
 const n = 1024 // float32 elements of the specs' tensors
 
-// env is one spec's GPU state: the staged backend, a current stream of
-// its own and the context carrying it, and what to release at the end.
+// env is conformance.GPU plus the staged backend serving the suite's CUDA
+// tensors.
 type env struct {
-	s    *conformance.Suite
-	dev  *cuda.Device
-	b    *stage.Backend
-	cur  *cuda.Stream
-	ctx  context.Context
-	mu   sync.Mutex
-	gts  []*cuda.Gate
-	undo []func()
-	tm   *time.Timer
+	*conformance.GPU
+	b *stage.Backend
 }
 
 func gpu(s *conformance.Suite) *env {
 	GinkgoHelper()
-	if s.Device.Type != tensor.CUDA {
-		Skip(fmt.Sprintf("no CUDA device: the suite runs on %s tensors", s.Device))
+	if s.Device.Type == tensor.CUDA {
+		b, err := s.PG.Backend(tensor.CUDA)
+		Expect(err).NotTo(HaveOccurred())
+		sb, ok := b.(*stage.Backend)
+		if !ok {
+			Skip(fmt.Sprintf("these specs are the staged backends'; CUDA tensors go to %s here", b.Name()))
+		}
+		return &env{GPU: conformance.NewGPU(s), b: sb}
 	}
-	b, err := s.PG.Backend(tensor.CUDA)
-	Expect(err).NotTo(HaveOccurred())
-	sb, ok := b.(*stage.Backend)
-	if !ok {
-		Skip(fmt.Sprintf("these specs are the staged backends'; CUDA tensors go to %s here", b.Name()))
-	}
-	dev, err := cuda.GetDevice(s.Device.Index)
-	Expect(err).NotTo(HaveOccurred())
-	e := &env{s: s, dev: dev, b: sb}
-	e.cur, err = dev.NewStream(cuda.StreamOptions{})
-	Expect(err).NotTo(HaveOccurred())
-	cur := e.cur
-	e.undo = append(e.undo, func() { _ = cur.Destroy() })
-	e.ctx = cuda.WithStream(context.Background(), e.cur)
-	s.OnSpecEnd(e.openAll)
-	return e
+	return &env{GPU: conformance.NewGPU(s)} // skips
 }
 
-func (e *env) openAll() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, g := range e.gts {
-		g.Open()
-	}
-	if e.tm != nil {
-		e.tm.Stop()
-	}
-}
-
-func (e *env) close() {
-	e.openAll()
-	_ = e.cur.Synchronize()
-	for i := len(e.undo) - 1; i >= 0; i-- {
-		e.undo[i]()
-	}
-	for _, g := range e.gts {
-		_ = g.Free()
-	}
-}
-
-func (e *env) gate() *cuda.Gate {
-	GinkgoHelper()
-	g, err := e.dev.NewGate()
-	Expect(err).NotTo(HaveOccurred())
-	e.mu.Lock()
-	e.gts = append(e.gts, g)
-	e.mu.Unlock()
-	return g
-}
-
-func (e *env) hold(g *cuda.Gate, s *cuda.Stream) {
-	GinkgoHelper()
-	e.mu.Lock()
-	if e.tm == nil {
-		e.tm = time.AfterFunc(15*time.Second, e.openAll)
-	}
-	e.mu.Unlock()
-	Expect(g.Hold(s)).To(Succeed())
-}
-
+// fill uploads n float32 elements, every one v.
 func (e *env) fill(v float64) *tensor.Tensor {
 	GinkgoHelper()
-	h := tensor.New(tensor.Float32, n)
-	h.Fill(v)
-	t, err := cuda.FromHost(e.ctx, e.dev.Ordinal(), h)
-	Expect(err).NotTo(HaveOccurred())
-	e.undo = append(e.undo, func() { _ = t.Free() })
-	return t
-}
-
-func (e *env) pinned() *cuda.HostBuffer {
-	GinkgoHelper()
-	h, err := e.dev.HostAlloc(4*n, 0)
-	Expect(err).NotTo(HaveOccurred())
-	e.undo = append(e.undo, func() { _ = h.Free() })
-	return h
-}
-
-func (e *env) event() *cuda.Event {
-	GinkgoHelper()
-	ev, err := e.dev.NewEvent(false)
-	Expect(err).NotTo(HaveOccurred())
-	e.undo = append(e.undo, func() { _ = ev.Destroy() })
-	return ev
-}
-
-func (e *env) stream() *cuda.Stream {
-	GinkgoHelper()
-	st, err := e.dev.NewStream(cuda.StreamOptions{})
-	Expect(err).NotTo(HaveOccurred())
-	e.undo = append(e.undo, func() { _ = st.Destroy() })
-	return st
+	return e.Fill(n, func(int) float64 { return v })
 }
 
 // internal is the staging stream of the spec's device.
 func (e *env) internal() *cuda.Stream {
 	GinkgoHelper()
-	s, err := e.b.Stream(e.dev.Ordinal())
+	s, err := e.b.Stream(e.Ord)
 	Expect(err).NotTo(HaveOccurred())
 	cs, ok := s.(*cuda.Stream)
 	Expect(ok).To(BeTrue(), "the staging stream is a %T", s)
 	return cs
-}
-
-func (e *env) read(t *tensor.Tensor) []float64 {
-	GinkgoHelper()
-	h, err := cuda.ToHost(e.ctx, t)
-	Expect(err).NotTo(HaveOccurred())
-	v, err := h.Float64s()
-	Expect(err).NotTo(HaveOccurred())
-	return v
-}
-
-func (e *env) waitCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), 20*time.Second)
 }
 
 func f32(h *cuda.HostBuffer, i int) float64 {
@@ -186,46 +86,46 @@ func define(s *conformance.Suite) {
 	Describe("staged CUDA stream semantics", Label(conformance.LabelStream, conformance.LabelAsync), func() {
 		It("the op returns while the current stream is gated; IsCompleted stays false until the gate opens", func() {
 			e := gpu(s)
-			defer e.close()
+			defer e.Close()
 			x := e.fill(float64(s.Rank + 1))
-			g := e.gate()
-			Expect(e.cur.Synchronize()).To(Succeed())
-			e.hold(g, e.cur)
+			g := e.NewGate()
+			Expect(e.Cur.Synchronize()).To(Succeed())
+			e.Hold(g, e.Cur)
 			t0 := time.Now()
-			w, err := s.PG.Allreduce(e.ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+			w, err := s.PG.Allreduce(e.Ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
 			Expect(err).NotTo(HaveOccurred())
 			Expect(time.Since(t0)).To(BeNumerically("<", 200*time.Millisecond), "the op blocked the host")
 			Consistently(w.IsCompleted, 100*time.Millisecond, 10*time.Millisecond).Should(BeFalse(),
 				"IsCompleted turned true while the current stream is gated")
 			g.Open()
-			ctx, cancel := e.waitCtx()
+			ctx, cancel := e.WaitCtx()
 			defer cancel()
 			Expect(w.WaitHost(ctx)).To(Succeed())
 			Expect(w.IsCompleted()).To(BeTrue())
-			Expect(w.Wait(e.ctx)).To(Succeed())
-			expectAll(e.read(x), sum(s), "allreduce")
+			Expect(w.Wait(e.Ctx)).To(Succeed())
+			expectAll(e.Read(x), sum(s), "allreduce")
 		})
 
 		It("Wait returns at once while the staging stream is held, and a copy queued after it on the current stream sees the result", func() {
 			e := gpu(s)
-			defer e.close()
+			defer e.Close()
 			x := e.fill(float64(s.Rank + 1))
 			ns := e.internal()
-			pin, ev, g := e.pinned(), e.event(), e.gate()
-			Expect(e.cur.Synchronize()).To(Succeed())
-			e.hold(g, ns)
-			w, err := s.PG.Allreduce(e.ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+			pin, ev, g := e.Pinned(4*n), e.Event(), e.NewGate()
+			Expect(e.Cur.Synchronize()).To(Succeed())
+			e.Hold(g, ns)
+			w, err := s.PG.Allreduce(e.Ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
 			Expect(err).NotTo(HaveOccurred())
 			t0 := time.Now()
-			Expect(w.Wait(e.ctx)).To(Succeed())
+			Expect(w.Wait(e.Ctx)).To(Succeed())
 			Expect(time.Since(t0)).To(BeNumerically("<", 100*time.Millisecond), "Wait blocked the host")
-			Expect(cuda.CopyToPinned(e.ctx, pin, x)).To(Succeed())
-			Expect(ev.Record(e.cur)).To(Succeed())
+			Expect(cuda.CopyToPinned(e.Ctx, pin, x)).To(Succeed())
+			Expect(ev.Record(e.Cur)).To(Succeed())
 			Consistently(func() bool { done, _ := ev.Query(); return done }, 50*time.Millisecond, 10*time.Millisecond).Should(BeFalse(),
 				"the copy after Wait ran while the op is held")
 			Expect(w.IsCompleted()).To(BeFalse())
 			g.Open()
-			ctx, cancel := e.waitCtx()
+			ctx, cancel := e.WaitCtx()
 			defer cancel()
 			Expect(ev.Wait(ctx)).To(Succeed())
 			Expect(f32(pin, 0)).To(Equal(sum(s)))
@@ -234,16 +134,16 @@ func define(s *conformance.Suite) {
 
 		It("Wait under another stream orders only that stream; BlockStream orders a third", func() {
 			e := gpu(s)
-			defer e.close()
+			defer e.Close()
 			x := e.fill(float64(s.Rank + 1))
-			other, third := e.stream(), e.stream()
+			other, third := e.Stream(), e.Stream()
 			ns := e.internal()
-			pinA, pinB := e.pinned(), e.pinned()
-			evA, evB, evC := e.event(), e.event(), e.event()
-			g := e.gate()
-			Expect(e.cur.Synchronize()).To(Succeed())
-			e.hold(g, ns)
-			w, err := s.PG.Allreduce(e.ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+			pinA, pinB := e.Pinned(4*n), e.Pinned(4*n)
+			evA, evB, evC := e.Event(), e.Event(), e.Event()
+			g := e.NewGate()
+			Expect(e.Cur.Synchronize()).To(Succeed())
+			e.Hold(g, ns)
+			w, err := s.PG.Allreduce(e.Ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
 			Expect(err).NotTo(HaveOccurred())
 			ctxB := cuda.WithStream(context.Background(), other)
 			Expect(w.Wait(ctxB)).To(Succeed())
@@ -251,9 +151,9 @@ func define(s *conformance.Suite) {
 			Expect(cuda.CopyToPinned(ctxB, pinB, x)).To(Succeed())
 			Expect(evB.Record(other)).To(Succeed())
 			Expect(evC.Record(third)).To(Succeed())
-			Expect(cuda.CopyToPinned(e.ctx, pinA, x)).To(Succeed())
-			Expect(evA.Record(e.cur)).To(Succeed())
-			ctx, cancel := e.waitCtx()
+			Expect(cuda.CopyToPinned(e.Ctx, pinA, x)).To(Succeed())
+			Expect(evA.Record(e.Cur)).To(Succeed())
+			ctx, cancel := e.WaitCtx()
 			defer cancel()
 			Expect(evA.Wait(ctx)).To(Succeed(), "the current stream was held by a Wait issued under another")
 			Expect(f32(pinA, 0)).To(Equal(float64(s.Rank+1)), "the unordered copy sees the input")
@@ -267,43 +167,43 @@ func define(s *conformance.Suite) {
 
 		It("a barrier's Wait blocks the host until the staged op before it, held, has completed", func() {
 			e := gpu(s)
-			defer e.close()
+			defer e.Close()
 			x := e.fill(float64(s.Rank + 1))
 			ns := e.internal()
-			g := e.gate()
-			Expect(e.cur.Synchronize()).To(Succeed())
-			e.hold(g, ns)
-			w1, err := s.PG.Allreduce(e.ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+			g := e.NewGate()
+			Expect(e.Cur.Synchronize()).To(Succeed())
+			e.Hold(g, ns)
+			w1, err := s.PG.Allreduce(e.Ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
 			Expect(err).NotTo(HaveOccurred())
-			bw, err := s.PG.Barrier(e.ctx, backend.BarrierOptions{})
+			bw, err := s.PG.Barrier(e.Ctx, backend.BarrierOptions{})
 			Expect(err).NotTo(HaveOccurred())
 			done := make(chan error, 1)
-			go func() { done <- bw.Wait(e.ctx) }()
+			go func() { done <- bw.Wait(e.Ctx) }()
 			Consistently(done, 50*time.Millisecond, 10*time.Millisecond).ShouldNot(Receive(), "the barrier returned while earlier work is held")
 			g.Open()
 			Eventually(done, 20*time.Second, time.Millisecond).Should(Receive(BeNil()))
 			Expect(w1.IsCompleted()).To(BeTrue())
-			expectAll(e.read(x), sum(s), "allreduce before the barrier")
+			expectAll(e.Read(x), sum(s), "allreduce before the barrier")
 		})
 
 		It("WaitHost honours its context while the op is held: a *backend.WaitError, and the op completes after", Label(conformance.LabelLifetime), func() {
 			e := gpu(s)
-			defer e.close()
+			defer e.Close()
 			x := e.fill(float64(s.Rank + 1))
-			g := e.gate()
-			Expect(e.cur.Synchronize()).To(Succeed())
-			e.hold(g, e.cur)
-			w, err := s.PG.Allreduce(e.ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+			g := e.NewGate()
+			Expect(e.Cur.Synchronize()).To(Succeed())
+			e.Hold(g, e.Cur)
+			w, err := s.PG.Allreduce(e.Ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
 			Expect(err).NotTo(HaveOccurred())
 			short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
 			defer cancelShort()
 			var we *backend.WaitError
 			Expect(w.WaitHost(short)).To(BeAssignableToTypeOf(we))
 			g.Open()
-			ctx, cancel := e.waitCtx()
+			ctx, cancel := e.WaitCtx()
 			defer cancel()
 			Expect(w.WaitHost(ctx)).To(Succeed())
-			expectAll(e.read(x), sum(s), "allreduce")
+			expectAll(e.Read(x), sum(s), "allreduce")
 		})
 	})
 }
