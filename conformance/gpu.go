@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/ginkgo/v2" //nolint:revive
 	. "github.com/onsi/gomega"    //nolint:revive
 
+	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -73,6 +74,23 @@ func NewGPU(s *Suite) *GPU {
 	// group.
 	s.OnSpecEnd(e.openAll)
 	return e
+}
+
+// GPUFor is NewGPU for the specs of one backend type B: it also returns
+// the backend that serves the suite's CUDA tensors, or skips when that is
+// not a B (whose names the specs' owner, as "the nccl backend's").
+func GPUFor[B backend.Backend](s *Suite, whose string) (*GPU, B) {
+	GinkgoHelper()
+	var b B
+	if s.Device.Type == tensor.CUDA {
+		be, err := s.PG.Backend(tensor.CUDA)
+		Expect(err).NotTo(HaveOccurred())
+		var ok bool
+		if b, ok = be.(B); !ok {
+			Skip(fmt.Sprintf("these specs are %s; CUDA tensors go to %s here", whose, be.Name()))
+		}
+	}
+	return NewGPU(s), b // NewGPU skips off CUDA
 }
 
 // Defer registers f to run in Close, after every gate is open; Close runs

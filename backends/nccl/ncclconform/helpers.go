@@ -11,7 +11,6 @@ import (
 	"github.com/gocoll/gocoll/backends/nccl"
 	"github.com/gocoll/gocoll/conformance"
 	"github.com/gocoll/gocoll/cuda"
-	"github.com/gocoll/gocoll/tensor"
 )
 
 // The GPU specs port the proofs of backends/nccl's tests to the suite,
@@ -29,16 +28,8 @@ type gpuEnv struct {
 // The caller defers e.Close().
 func gpu(s *conformance.Suite) *gpuEnv {
 	GinkgoHelper()
-	if s.Device.Type == tensor.CUDA {
-		b, err := s.PG.Backend(tensor.CUDA)
-		Expect(err).NotTo(HaveOccurred())
-		nb, ok := b.(*nccl.Backend)
-		if !ok {
-			Skip(fmt.Sprintf("these specs are the nccl backend's; CUDA tensors go to %s here", b.Name()))
-		}
-		return &gpuEnv{GPU: conformance.NewGPU(s), b: nb}
-	}
-	return &gpuEnv{GPU: conformance.NewGPU(s)} // skips
+	g, b := conformance.GPUFor[*nccl.Backend](s, "the nccl backend's")
+	return &gpuEnv{GPU: g, b: b}
 }
 
 // ncclStream is the internal stream async ops run on.

@@ -14,7 +14,6 @@ package stageconform
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2" //nolint:revive
@@ -38,18 +37,13 @@ type env struct {
 	b *stage.Backend
 }
 
+// gpu returns the spec's environment, or skips: "no CUDA device" when the
+// run puts tensors elsewhere, or when CUDA tensors do not go to a staged
+// backend. The caller defers e.Close().
 func gpu(s *conformance.Suite) *env {
 	GinkgoHelper()
-	if s.Device.Type == tensor.CUDA {
-		b, err := s.PG.Backend(tensor.CUDA)
-		Expect(err).NotTo(HaveOccurred())
-		sb, ok := b.(*stage.Backend)
-		if !ok {
-			Skip(fmt.Sprintf("these specs are the staged backends'; CUDA tensors go to %s here", b.Name()))
-		}
-		return &env{GPU: conformance.NewGPU(s), b: sb}
-	}
-	return &env{GPU: conformance.NewGPU(s)} // skips
+	g, b := conformance.GPUFor[*stage.Backend](s, "the staged backends'")
+	return &env{GPU: g, b: b}
 }
 
 // fill uploads n float32 elements, every one v.
