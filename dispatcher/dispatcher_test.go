@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/testgroup"
 	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -28,28 +29,11 @@ func initRanks(t *testing.T, world int, backendStr string, log *callLog) []*Proc
 func initGroups(t *testing.T, world int, cfg Config) []*ProcessGroup {
 	t.Helper()
 	cfg.Store, cfg.WorldSize = store.NewHashStore(), world
-	pgs := make([]*ProcessGroup, world)
-	errs := make([]error, world)
-	var wg sync.WaitGroup
-	for r := range world {
-		wg.Go(func() {
-			c := cfg
-			c.Rank = r
-			pgs[r], errs[r] = Init(context.Background(), c)
-		})
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: Init: %v", r, err)
-		}
-	}
-	t.Cleanup(func() {
-		for _, pg := range pgs {
-			pg.Close(context.Background())
-		}
+	return testgroup.StartClosed(t, world, func(r int) (*ProcessGroup, error) {
+		c := cfg
+		c.Rank = r
+		return Init(context.Background(), c)
 	})
-	return pgs
 }
 
 func host(t *testing.T, dt tensor.DType, n int) *tensor.Tensor {

@@ -2,7 +2,6 @@ package dispatcher
 
 import (
 	"context"
-	"errors"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/testgroup"
 	"github.com/gocoll/gocoll/store"
 )
 
@@ -68,23 +68,9 @@ func initHung(t *testing.T) ([]*ProcessGroup, *hangStore) {
 	t.Helper()
 	hs := &hangStore{Store: store.NewHashStore(), release: make(chan struct{})}
 	dir := t.TempDir()
-	pgs := make([]*ProcessGroup, 2)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := range pgs {
-		wg.Go(func() {
-			pgs[r], errs[r] = Init(context.Background(), Config{Store: hs, Rank: r, WorldSize: 2, Backend: "reccpu", Timeout: 5 * time.Second,
-				FlightRecorder: FlightRecorderOptions{DumpPrefix: filepath.Join(dir, "rank_")}})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, pg := range pgs {
-			pg.Close(context.Background())
-		}
+	pgs := testgroup.StartClosed(t, 2, func(r int) (*ProcessGroup, error) {
+		return Init(context.Background(), Config{Store: hs, Rank: r, WorldSize: 2, Backend: "reccpu", Timeout: 5 * time.Second,
+			FlightRecorder: FlightRecorderOptions{DumpPrefix: filepath.Join(dir, "rank_")}})
 	})
 	t.Cleanup(hs.unhang) // runs first
 	return pgs, hs

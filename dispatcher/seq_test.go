@@ -11,6 +11,7 @@ import (
 	"github.com/gocoll/gocoll/backend"
 	_ "github.com/gocoll/gocoll/backends/cpupool" // a real backend: the numbers must survive the whole path
 	"github.com/gocoll/gocoll/dispatcher"
+	"github.com/gocoll/gocoll/internal/testgroup"
 	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -131,24 +132,12 @@ func TestEveryOpIsNumbered(t *testing.T) {
 
 	const world = 2
 	st := store.NewHashStore()
-	pgs := make([]*dispatcher.ProcessGroup, world)
-	errs := make([]error, world)
-	var wg sync.WaitGroup
-	for r := range world {
-		wg.Go(func() {
-			pgs[r], errs[r] = dispatcher.Init(context.Background(), dispatcher.Config{Backend: "cpupool", Store: st, Rank: r, WorldSize: world, Timeout: 20 * time.Second})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, pg := range pgs {
-			pg.Close(context.Background())
-		}
+	pgs := testgroup.StartClosed(t, world, func(r int) (*dispatcher.ProcessGroup, error) {
+		return dispatcher.Init(context.Background(), dispatcher.Config{Backend: "cpupool", Store: st, Rank: r, WorldSize: world, Timeout: 20 * time.Second})
 	})
 
+	errs := make([]error, world)
+	var wg sync.WaitGroup
 	for r, pg := range pgs {
 		wg.Go(func() {
 			errs[r] = issueAll(pg, r)

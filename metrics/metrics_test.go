@@ -22,6 +22,7 @@ import (
 	"github.com/gocoll/gocoll/backend"
 	_ "github.com/gocoll/gocoll/backends/cpupool"
 	"github.com/gocoll/gocoll/dispatcher"
+	"github.com/gocoll/gocoll/internal/testgroup"
 	"github.com/gocoll/gocoll/metrics"
 	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
@@ -90,28 +91,18 @@ func initRanks(t *testing.T, world int, cfg dispatcher.Config, opts ...metrics.O
 	t.Helper()
 	cfg.Store, cfg.WorldSize, cfg.Backend = store.NewHashStore(), world, "cpupool"
 	cfg.FlightRecorder.DumpPrefix = t.TempDir() + "/fr_"
-	pgs := make([]*dispatcher.ProcessGroup, world)
 	exps := make([]*metrics.Exporter, world)
-	errs := make([]error, world)
-	var wg sync.WaitGroup
 	for r := range world {
 		var o metrics.Options
 		if len(opts) > 0 {
 			o = opts[0]
 		}
 		exps[r] = metrics.New(o)
+	}
+	pgs := testgroup.StartClosed(t, world, func(r int) (*dispatcher.ProcessGroup, error) {
 		c := cfg
 		c.Rank, c.Metrics = r, exps[r]
-		wg.Go(func() { pgs[r], errs[r] = dispatcher.Init(context.Background(), c) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, pg := range pgs {
-			pg.Close(context.Background())
-		}
+		return dispatcher.Init(context.Background(), c)
 	})
 	return pgs, exps
 }
