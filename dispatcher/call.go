@@ -72,18 +72,40 @@ func (pg *ProcessGroup) AddHooks(h Hooks) {
 	}
 }
 
+// hooked reports whether the group has hooks (AddHooks): only then is
+// the OpInfo built.
 func (pg *ProcessGroup) hooked() bool {
 	h := pg.hooks.Load()
 	return h != nil && len(*h) > 0
 }
 
-// opCall is one op in flight through the dispatcher.
+// observed reports whether anything looks at the op's tensors and peer:
+// the flight recorder or hooks. The generated methods fill opCall's in,
+// out and peer only then.
+func (pg *ProcessGroup) observed() bool {
+	return pg.frg != nil || pg.hooked()
+}
+
+// opCall is one op in flight through the dispatcher. It lives on the
+// issuing goroutine's stack: nothing of it is allocated.
 type opCall struct {
 	meta    backend.Meta
-	info    OpInfo
 	backend backend.Backend
-	// Set only while metrics are on: the device type, and the time the op
-	// was numbered (backend.Mono) when the metrics time it (else 0).
+	// info is built only while hooks are set.
+	info OpInfo
+	// Set only while observed: the op's tensor arguments (its inputs and
+	// its outputs, each as the generated method passes them) and its peer
+	// (-1 for an op without one).
+	in, out targ
+	peer    int
+	// p2pSeq is the p2p counter after this op (OpInfo.P2PSeq).
+	p2pSeq uint64
+	// mono is when the op was numbered, on the backend.Mono clock: the
+	// one clock read per op, shared by the recorder and the metrics; 0
+	// when neither needs it.
+	mono time.Duration
+	// Set only while metrics are on: the device type, and mono when the
+	// metrics time the op (else 0).
 	dt     tensor.DeviceType
 	issued time.Duration
 }
@@ -133,11 +155,12 @@ func (pg *ProcessGroup) barrierDevice(op backend.Op, deviceIDs []int) tensor.Dev
 	return tensor.CUDADevice(0)
 }
 
-// begin picks the backend for dev and numbers the op.
-func (pg *ProcessGroup) begin(ctx context.Context, op backend.Op, dev tensor.Device, timeout time.Duration) (opCall, error) {
+// begin picks the backend for dev and numbers the op, filling call (a
+// zero opCall on the caller's stack).
+func (pg *ProcessGroup) begin(ctx context.Context, call *opCall, op backend.Op, dev tensor.Device, timeout time.Duration) error {
 	b, err := pg.Backend(dev.Type)
 	if err != nil {
-		return opCall{}, &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrUnavailable, Err: err}
+		return &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrUnavailable, Err: err}
 	}
 	if ops := pg.backends[dev.Type].ops; ops != nil {
 		b = ops // the debug check, when it is on
@@ -145,19 +168,16 @@ func (pg *ProcessGroup) begin(ctx context.Context, op backend.Op, dev tensor.Dev
 	if timeout == 0 {
 		timeout = pg.timeout
 	}
-	info := op.Info()
 	var seq, coll, p2p uint64
-	if info.Kind == backend.P2P {
+	if op.Info().Kind == backend.P2P {
 		seq = pg.p2pSeq.Add(1)
 		coll, p2p = pg.collSeq.Load(), seq
 	} else {
 		seq = pg.collSeq.Add(1)
 		coll, p2p = seq, pg.p2pSeq.Load()
 	}
-	call := opCall{
-		meta:    backend.Meta{Op: op, Seq: seq, Timeout: timeout},
-		backend: b,
-	}
+	call.meta = backend.Meta{Op: op, Seq: seq, Timeout: timeout}
+	call.backend, call.peer, call.p2pSeq = b, -1, p2p
 	// The metrics time one op in metricsEvery (a power of two) by its
 	// sequence number, so every rank times the same ops, and a clock read
 	// (~45 ns on a virtual machine) is not paid for each.
@@ -169,19 +189,23 @@ func (pg *ProcessGroup) begin(ctx context.Context, op backend.Op, dev tensor.Dev
 		now := time.Now()
 		call.info = OpInfo{Group: pg.name, GroupDesc: pg.desc, GroupSize: pg.size, Rank: pg.rank, Op: op,
 			Backend: b.Name(), Device: dev, Seq: seq, CollSeq: coll, P2PSeq: p2p, Peer: -1, Timeout: timeout, Issued: now}
-		if timed {
-			// The hooks' time serves the metrics too: its monotonic
-			// reading makes Sub read no clock.
-			call.issued = backend.MonoOf(now)
-		}
-	} else if timed {
-		call.issued = backend.Mono()
+		// The hooks' time serves the recorder and the metrics too: its
+		// monotonic reading makes MonoOf read no clock.
+		call.mono = backend.MonoOf(now)
+	} else if pg.frg != nil || timed {
+		call.mono = backend.Mono() // the monotonic clock alone: half of time.Now
 	}
-	return call, nil
+	if timed {
+		call.issued = call.mono
+	}
+	return nil
 }
 
+// pre runs the pre-op hooks, after giving the OpInfo the op's tensors and
+// peer.
 func (pg *ProcessGroup) pre(ctx context.Context, c *opCall) {
-	if h := pg.hooks.Load(); h != nil {
+	if h := pg.hooks.Load(); h != nil && len(*h) > 0 {
+		c.info.Inputs, c.info.Outputs, c.info.Peer = flatten(c.in), flatten(c.out), c.peer
 		for _, hk := range *h {
 			if hk.Pre != nil {
 				hk.Pre(ctx, c.info)
@@ -212,6 +236,9 @@ func (pg *ProcessGroup) post(ctx context.Context, c *opCall, w backend.Work, err
 	}
 	if m := pg.metrics; m != nil {
 		m.Op(c.meta.Op, c.dt, c.issued, w, err)
+	}
+	if g := pg.frg; g != nil {
+		pg.recorder.add(g, c, c.backend.Name(), pg.rank, w, err)
 	}
 	if h := pg.hooks.Load(); h != nil {
 		for _, hk := range *h {

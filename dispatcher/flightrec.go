@@ -59,6 +59,11 @@ type FlightRecorder struct {
 	opts       FlightRecorderOptions
 	rank, size int
 
+	// wall0 and mono0 are one time.Now, and it on the backend.Mono clock:
+	// wallNs's anchor.
+	wall0 time.Time
+	mono0 time.Duration
+
 	mu      sync.Mutex
 	ring    []frEntry
 	nextID  uint64
@@ -79,12 +84,104 @@ type FlightRecorder struct {
 	done sync.WaitGroup
 }
 
+// frEntry is one op in the ring, in the compact form the issue path
+// writes: the dump's frtrace.Entry is built from it at a snapshot, so that
+// recording an op copies a few words rather than the whole entry, builds
+// no string and reads no wall clock.
 type frEntry struct {
-	e    frtrace.Entry
-	work backend.Work // nil once retired
-	// name is what e.ProfilingName is made of, at a snapshot: building the
-	// string per op would allocate on the issue path.
-	name opName
+	id       uint64   // RecordID and OpID
+	g        *frGroup // the op's group
+	seq, p2p uint64   // CollectiveSeqID (0 for p2p ops) and P2PSeqID
+	// created is when the dispatcher numbered the op, on the backend.Mono
+	// clock; started and completed are when refresh noticed, likewise
+	// (0: not yet). FlightRecorder.wallNs makes them Unix times.
+	created, started, completed time.Duration
+	timeout                     time.Duration
+	name                        opName // what the profiling name is made of
+	state                       frState
+	isP2P, retired, captured    bool
+	hasDur                      bool
+	durMs                       float64
+	err                         string
+	in, out                     frShapes     // the shapes and dtypes of the op's tensors
+	work                        backend.Work // nil once retired
+}
+
+// frShapes are the shapes and dtypes of one side of an op. A lone tensor
+// of up to frInlineDims dimensions (most ops') is kept inline, in the
+// slot's own memory; others go to slices the slot keeps from op to op.
+// Either way a full ring records without allocating.
+type frShapes struct {
+	n      int // tensors; -1: the slices hold them
+	dims   [frInlineDims]int
+	ndim   int
+	dtype  tensor.DType
+	sizes  [][]int
+	dtypes []tensor.DType
+}
+
+const frInlineDims = 4
+
+// fill notes a's tensors.
+func (f *frShapes) fill(a targ) {
+	if t, _, ok := lone([]targ{a}); ok && t != nil && t.Dim() <= frInlineDims {
+		f.n, f.dtype = 1, t.DType()
+		f.ndim = len(t.AppendShape(f.dims[:0]))
+		return
+	}
+	if a.shape == 0 {
+		f.n = 0
+		return
+	}
+	f.n = -1
+	f.sizes, f.dtypes = fillSizes(f.sizes, f.dtypes, a)
+}
+
+// dump returns the shapes and dtypes as the dump writes them, in slices
+// of their own.
+func (f *frShapes) dump() ([][]int, []string) {
+	dtype := func(d tensor.DType) string {
+		if d == noDType {
+			return ""
+		}
+		return d.String()
+	}
+	switch f.n {
+	case 0:
+		return [][]int{}, []string{}
+	case 1:
+		return [][]int{append([]int{}, f.dims[:f.ndim]...)}, []string{dtype(f.dtype)}
+	}
+	sizes, dtypes := make([][]int, len(f.sizes)), make([]string, len(f.dtypes))
+	for i, s := range f.sizes {
+		sizes[i] = append([]int{}, s...)
+	}
+	for i, d := range f.dtypes {
+		dtypes[i] = dtype(d)
+	}
+	return sizes, dtypes
+}
+
+// frState is an entry's state: frtrace.StateScheduled and the others.
+type frState uint8
+
+const (
+	frScheduled frState = iota
+	frStarted
+	frCompleted
+)
+
+var frStateNames = [...]string{frScheduled: frtrace.StateScheduled, frStarted: frtrace.StateStarted, frCompleted: frtrace.StateCompleted}
+
+// noDType stands for a nil tensor in an entry's dtypes; the dump writes
+// "" for it, as before.
+const noDType = tensor.DType(255)
+
+// frGroup is what the recorder knows of one group: looked up once, at
+// attach, so that recording an op needs no map lookup.
+type frGroup struct {
+	name, desc string
+	status     *frtrace.PGStatus // guarded by fr.mu
 }
 
 // opName is the parts of an op's profiling name (OpInfo.ProfilingName).
@@ -126,6 +223,8 @@ func newFlightRecorder(opts FlightRecorderOptions, rank, size int) (*FlightRecor
 	}
 	fr := &FlightRecorder{opts: opts, rank: rank, size: size, ring: make([]frEntry, 0, opts.Entries), dumps: watch.Dumps{NoDumpOnError: opts.NoDumpOnError},
 		groups: map[string]frtrace.PGConfig{}, status: map[string]*frtrace.PGStatus{}, stop: make(chan struct{})}
+	fr.wall0 = time.Now()
+	fr.mono0 = backend.MonoOf(fr.wall0)
 	if opts.PipeFile != "" {
 		path := opts.PipeFile + strconv.Itoa(rank) + ".pipe"
 		_ = os.Remove(path)
@@ -138,60 +237,85 @@ func newFlightRecorder(opts FlightRecorderOptions, rank, size int) (*FlightRecor
 	return fr, nil
 }
 
-// attach records the ops of pg.
-func (fr *FlightRecorder) attach(pg *ProcessGroup) {
-	fr.mu.Lock()
-	fr.groups[pg.name] = frtrace.PGConfig{Name: pg.name, Desc: pg.desc, Ranks: pg.Ranks()}
-	fr.status[pg.name] = &frtrace.PGStatus{LastStarted: -1}
-	fr.mu.Unlock()
-	pg.AddHooks(Hooks{Post: fr.record})
+// wallNs is the Unix time in ns of m, a backend.Mono reading: the
+// recorder's times are read on the monotonic clock (one read per op, which
+// the metrics share) and placed on the wall clock by the pair of readings
+// taken when the recorder was made, so that they stay in order whatever
+// the wall clock does meanwhile.
+func (fr *FlightRecorder) wallNs(m time.Duration) int64 {
+	if m == 0 {
+		return 0
+	}
+	return fr.wall0.UnixNano() + int64(m-fr.mono0)
 }
 
-// record adds an op to the ring once the backend has accepted (or refused)
-// it; it runs as the group's post hook.
+// attach records the ops of pg: the dispatcher calls add for each (see
+// ProcessGroup.post), as the first of its post-op observers.
+func (fr *FlightRecorder) attach(pg *ProcessGroup) {
+	st := &frtrace.PGStatus{LastStarted: -1}
+	fr.mu.Lock()
+	fr.groups[pg.name] = frtrace.PGConfig{Name: pg.name, Desc: pg.desc, Ranks: pg.Ranks()}
+	fr.status[pg.name] = st
+	fr.mu.Unlock()
+	pg.frg = &frGroup{name: pg.name, desc: pg.desc, status: st}
+}
+
+// record adds the op info describes, as a post hook would see it: the
+// tests' way in (the dispatcher calls add).
 func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Work, err error) {
-	e := frtrace.Entry{
-		PGID: info.Group, ProcessGroup: [2]string{info.Group, info.GroupDesc},
-		P2PSeqID:      info.P2PSeq,
-		TimeCreatedNs: info.Issued.UnixNano(), State: frtrace.StateScheduled,
-		TimeoutMs: info.Timeout.Milliseconds(), IsP2P: info.Op.Info().Kind == backend.P2P,
-		ThreadName: "dispatcher",
+	fr.mu.Lock()
+	g := &frGroup{name: info.Group, desc: info.GroupDesc, status: fr.status[info.Group]}
+	fr.mu.Unlock()
+	c := opCall{meta: backend.Meta{Op: info.Op, Seq: info.Seq, Timeout: info.Timeout}, p2pSeq: info.P2PSeq,
+		mono: backend.MonoOf(info.Issued), peer: info.Peer, in: list("inputs", info.Inputs), out: list("outputs", info.Outputs)}
+	fr.add(g, &c, info.Backend, info.Rank, w, err)
+}
+
+// add puts an op in the ring once the backend has accepted (or refused)
+// it. It runs on the issuing goroutine: one uncontended lock, no
+// allocation once the ring is full, no clock read (c.mono is the
+// dispatcher's).
+func (fr *FlightRecorder) add(g *frGroup, c *opCall, backendName string, rank int, w backend.Work, err error) {
+	isP2P := c.meta.Op.Info().Kind == backend.P2P
+	captured := false
+	if cr, ok := w.(backend.CaptureReporter); ok && cr.Captured() {
+		// Captured into a CUDA graph: the op did not run and runs at each
+		// replay, so there is nothing to poll (its events may not even be
+		// queried). The entry stays scheduled, retired, marked captured.
+		captured, w = true, nil
 	}
-	if !e.IsP2P {
-		e.CollectiveSeqID = info.Seq
-	}
+	var es string
 	if err != nil {
-		e.Error = err.Error()
+		es = err.Error()
 	}
 	fr.mu.Lock()
-	e.RecordID = fr.nextID
-	e.OpID = fr.nextID
+	id := fr.nextID
 	fr.nextID++
-	if st := fr.status[info.Group]; st != nil && !e.IsP2P {
-		st.LastEnqueued = int64(info.Seq)
+	if g.status != nil && !isP2P {
+		g.status.LastEnqueued = int64(c.meta.Seq)
 	}
 	var slot *frEntry
 	if len(fr.ring) < cap(fr.ring) {
 		fr.ring = append(fr.ring, frEntry{})
 		slot = &fr.ring[len(fr.ring)-1]
 	} else {
-		slot = &fr.ring[e.RecordID%uint64(cap(fr.ring))]
+		slot = &fr.ring[id%uint64(cap(fr.ring))]
 		if slot.work != nil {
 			fr.pending--
 		}
 	}
-	// The sizes go into the slot's own slices, reused from the entry it
-	// overwrites, so a full ring records without allocating.
-	e.InputSizes, e.InputDtypes = fillSizes(slot.e.InputSizes, slot.e.InputDtypes, info.Inputs)
-	e.OutputSizes, e.OutputDtypes = fillSizes(slot.e.OutputSizes, slot.e.OutputDtypes, info.Outputs)
-	if c, ok := w.(backend.CaptureReporter); ok && c.Captured() {
-		// Captured into a CUDA graph: the op did not run and runs at each
-		// replay, so there is nothing to poll (its events may not even be
-		// queried). The entry stays scheduled, retired, marked captured.
-		e.Retired, e.Captured, w = true, true, nil
+	slot.id, slot.g, slot.p2p = id, g, c.p2pSeq
+	slot.seq = 0
+	if !isP2P {
+		slot.seq = c.meta.Seq
 	}
-	slot.e, slot.work = e, w
-	slot.name = opName{op: info.Op, backend: info.Backend, rank: info.Rank, peer: info.Peer}
+	slot.created, slot.started, slot.completed, slot.timeout = c.mono, 0, 0, c.meta.Timeout
+	slot.name = opName{op: c.meta.Op, backend: backendName, rank: rank, peer: c.peer}
+	slot.state, slot.isP2P, slot.retired, slot.captured = frScheduled, isP2P, captured, captured
+	slot.hasDur, slot.durMs, slot.err = false, 0, es
+	slot.in.fill(c.in)
+	slot.out.fill(c.out)
+	slot.work = w
 	if w != nil {
 		fr.pending++
 	}
@@ -201,39 +325,54 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 	}
 }
 
-// fillSizes writes the shapes and dtypes of ts into dst and dts, reusing
-// their storage, inner slices included.
-func fillSizes(dst [][]int, dts []string, ts []*tensor.Tensor) ([][]int, []string) {
+// fillSizes writes the shapes and dtypes of a's tensors into dst and dts,
+// reusing their storage, inner slices included.
+func fillSizes(dst [][]int, dts []tensor.DType, a targ) ([][]int, []tensor.DType) {
 	dst, dts = dst[:0], dts[:0]
-	for _, t := range ts {
+	add := func(t *tensor.Tensor) {
 		var s []int
 		if len(dst) < cap(dst) {
 			s = dst[:len(dst)+1][len(dst)][:0]
 		}
 		if t != nil {
 			s = t.AppendShape(s)
-			dts = append(dts, t.DType().String())
+			dts = append(dts, t.DType())
 		} else {
-			dts = append(dts, "")
+			dts = append(dts, noDType)
 		}
 		dst = append(dst, s)
+	}
+	switch a.shape {
+	case 'o':
+		add(a.one)
+	case 'l':
+		for _, t := range a.list {
+			add(t)
+		}
+	case 'L':
+		for _, l := range a.lists {
+			for _, t := range l {
+				add(t)
+			}
+		}
 	}
 	return dst, dts
 }
 
-// cloneEntry copies e with slices of its own, since the ring reuses its
-// slices for later entries.
-func cloneEntry(e frtrace.Entry) frtrace.Entry {
-	cp := func(ss [][]int) [][]int {
-		out := make([][]int, len(ss))
-		for i, s := range ss {
-			out[i] = append([]int{}, s...)
-		}
-		return out
+// entry builds the dump's form of fe, with slices of its own (the ring
+// reuses its slices for later entries).
+func (fr *FlightRecorder) entry(fe *frEntry) frtrace.Entry {
+	e := frtrace.Entry{RecordID: fe.id, OpID: fe.id, PGID: fe.g.name, ProcessGroup: [2]string{fe.g.name, fe.g.desc},
+		CollectiveSeqID: fe.seq, P2PSeqID: fe.p2p, ProfilingName: fe.name.String(), TimeCreatedNs: fr.wallNs(fe.created),
+		State: frStateNames[fe.state], TimeStartedNs: fr.wallNs(fe.started), TimeCompletedNs: fr.wallNs(fe.completed),
+		Retired: fe.retired, TimeoutMs: fe.timeout.Milliseconds(), IsP2P: fe.isP2P, ThreadName: "dispatcher",
+		Error: fe.err, Captured: fe.captured}
+	e.InputSizes, e.InputDtypes = fe.in.dump()
+	e.OutputSizes, e.OutputDtypes = fe.out.dump()
+	if fe.hasDur {
+		ms := fe.durMs
+		e.DurationMs = &ms
 	}
-	e.InputSizes, e.OutputSizes = cp(e.InputSizes), cp(e.OutputSizes)
-	e.InputDtypes = append([]string{}, e.InputDtypes...)
-	e.OutputDtypes = append([]string{}, e.OutputDtypes...)
 	return e
 }
 
@@ -250,7 +389,7 @@ func (fr *FlightRecorder) refresh() error {
 	for i := range fr.ring {
 		fe := &fr.ring[i]
 		if fe.work != nil {
-			polls = append(polls, frPoll{slot: i, id: fe.e.RecordID, work: fe.work, sched: fe.e.State == frtrace.StateScheduled})
+			polls = append(polls, frPoll{slot: i, id: fe.id, work: fe.work, sched: fe.state == frScheduled})
 		}
 	}
 	fr.mu.Unlock()
@@ -268,38 +407,37 @@ func (fr *FlightRecorder) refresh() error {
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
 	var firstErr error
-	now := time.Now().UnixNano()
+	now := backend.Mono()
 	for k := range polls {
 		p := &polls[k]
 		fe := &fr.ring[p.slot]
-		if fe.work != p.work || fe.e.RecordID != p.id {
+		if fe.work != p.work || fe.id != p.id {
 			continue // overwritten by a newer op meanwhile
 		}
-		if p.started && fe.e.State == frtrace.StateScheduled {
-			fe.e.State, fe.e.TimeStartedNs = frtrace.StateStarted, now
-			if st := fr.status[fe.e.PGID]; st != nil && !fe.e.IsP2P && int64(fe.e.CollectiveSeqID) > st.LastStarted {
-				st.LastStarted = int64(fe.e.CollectiveSeqID)
+		if p.started && fe.state == frScheduled {
+			fe.state, fe.started = frStarted, now
+			if st := fe.g.status; st != nil && !fe.isP2P && int64(fe.seq) > st.LastStarted {
+				st.LastStarted = int64(fe.seq)
 			}
 		}
 		if !p.completed {
 			continue
 		}
-		fe.e.State, fe.e.TimeCompletedNs, fe.e.Retired = frtrace.StateCompleted, now, true
-		if fe.e.TimeStartedNs == 0 {
-			fe.e.TimeStartedNs = now
+		fe.state, fe.completed, fe.retired = frCompleted, now, true
+		if fe.started == 0 {
+			fe.started = now
 		}
 		if p.durErr == nil {
-			ms := float64(p.dur) / float64(time.Millisecond)
-			fe.e.DurationMs = &ms
+			fe.hasDur, fe.durMs = true, float64(p.dur)/float64(time.Millisecond)
 		}
 		if p.err != nil {
-			fe.e.Error = p.err.Error()
+			fe.err = p.err.Error()
 			if firstErr == nil {
 				firstErr = p.err
 			}
 		}
-		if st := fr.status[fe.e.PGID]; st != nil && !fe.e.IsP2P && int64(fe.e.CollectiveSeqID) > st.LastCompleted {
-			st.LastCompleted = int64(fe.e.CollectiveSeqID)
+		if st := fe.g.status; st != nil && !fe.isP2P && int64(fe.seq) > st.LastCompleted {
+			st.LastCompleted = int64(fe.seq)
 		}
 		fe.work = nil
 		fr.pending--
@@ -436,10 +574,7 @@ func (fr *FlightRecorder) Snapshot(reason string) frtrace.Dump {
 		start = int(fr.nextID % uint64(n))
 	}
 	for i := range n {
-		fe := &fr.ring[(start+i)%n]
-		e := cloneEntry(fe.e)
-		e.ProfilingName = fe.name.String()
-		d.Entries = append(d.Entries, e)
+		d.Entries = append(d.Entries, fr.entry(&fr.ring[(start+i)%n]))
 	}
 	return d
 }

@@ -119,6 +119,7 @@ type ProcessGroup struct {
 	cfg          Config
 	root         *ProcessGroup   // the default group; itself for the default group
 	recorder     *FlightRecorder // shared by every group of the process; nil when off
+	frg          *frGroup        // this group in the recorder; nil when off or not a member
 	pubMu        sync.Mutex      // guards published
 	published    progress        // last progress written to the store
 	groups       []*ProcessGroup // on the default group: every group this process is a member of

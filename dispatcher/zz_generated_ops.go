@@ -25,13 +25,13 @@ func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor,
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpBroadcast, pg.deviceOf(list("tensors", tensors)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpBroadcast, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(list("tensors", tensors))
-		call.info.Outputs = flatten(list("tensors", tensors))
+	if pg.observed() {
+		call.in = list("tensors", tensors)
+		call.out = list("tensors", tensors)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Broadcast(ctx, call.meta, tensors, opts)
@@ -54,13 +54,13 @@ func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor,
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpAllreduce, pg.deviceOf(list("tensors", tensors)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpAllreduce, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(list("tensors", tensors))
-		call.info.Outputs = flatten(list("tensors", tensors))
+	if pg.observed() {
+		call.in = list("tensors", tensors)
+		call.out = list("tensors", tensors)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Allreduce(ctx, call.meta, tensors, opts)
@@ -82,13 +82,13 @@ func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tenso
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpAllreduceCoalesced, pg.deviceOf(list("tensors", tensors)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpAllreduceCoalesced, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(list("tensors", tensors))
-		call.info.Outputs = flatten(list("tensors", tensors))
+	if pg.observed() {
+		call.in = list("tensors", tensors)
+		call.out = list("tensors", tensors)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.AllreduceCoalesced(ctx, call.meta, tensors, opts)
@@ -113,13 +113,13 @@ func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, op
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpReduce, pg.deviceOf(list("tensors", tensors)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpReduce, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(list("tensors", tensors))
-		call.info.Outputs = flatten(list("tensors", tensors))
+	if pg.observed() {
+		call.in = list("tensors", tensors)
+		call.out = list("tensors", tensors)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Reduce(ctx, call.meta, tensors, opts)
@@ -142,13 +142,13 @@ func (pg *ProcessGroup) Allgather(ctx context.Context, outputs [][]*tensor.Tenso
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpAllgather, pg.deviceOf(lists("outputs", outputs), list("inputs", inputs)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpAllgather, pg.deviceOf(lists("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(list("inputs", inputs))
-		call.info.Outputs = flatten(lists("outputs", outputs))
+	if pg.observed() {
+		call.in = list("inputs", inputs)
+		call.out = lists("outputs", outputs)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Allgather(ctx, call.meta, outputs, inputs, opts)
@@ -169,13 +169,13 @@ func (pg *ProcessGroup) AllgatherIntoTensor(ctx context.Context, output *tensor.
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpAllgatherIntoTensor, pg.deviceOf(one("output", output), one("input", input)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensor, pg.deviceOf(one("output", output), one("input", input)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(one("input", input))
-		call.info.Outputs = flatten(one("output", output))
+	if pg.observed() {
+		call.in = one("input", input)
+		call.out = one("output", output)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.AllgatherIntoTensor(ctx, call.meta, output, input, opts)
@@ -198,13 +198,13 @@ func (pg *ProcessGroup) AllgatherCoalesced(ctx context.Context, outputs [][]*ten
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpAllgatherCoalesced, pg.deviceOf(lists("outputs", outputs), list("inputs", inputs)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpAllgatherCoalesced, pg.deviceOf(lists("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(list("inputs", inputs))
-		call.info.Outputs = flatten(lists("outputs", outputs))
+	if pg.observed() {
+		call.in = list("inputs", inputs)
+		call.out = lists("outputs", outputs)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.AllgatherCoalesced(ctx, call.meta, outputs, inputs, opts)
@@ -227,13 +227,13 @@ func (pg *ProcessGroup) AllgatherIntoTensorCoalesced(ctx context.Context, output
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpAllgatherIntoTensorCoalesced, pg.deviceOf(list("outputs", outputs), list("inputs", inputs)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensorCoalesced, pg.deviceOf(list("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(list("inputs", inputs))
-		call.info.Outputs = flatten(list("outputs", outputs))
+	if pg.observed() {
+		call.in = list("inputs", inputs)
+		call.out = list("outputs", outputs)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.AllgatherIntoTensorCoalesced(ctx, call.meta, outputs, inputs, opts)
@@ -257,13 +257,13 @@ func (pg *ProcessGroup) ReduceScatter(ctx context.Context, outputs []*tensor.Ten
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpReduceScatter, pg.deviceOf(list("outputs", outputs), lists("inputs", inputs)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpReduceScatter, pg.deviceOf(list("outputs", outputs), lists("inputs", inputs)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(lists("inputs", inputs))
-		call.info.Outputs = flatten(list("outputs", outputs))
+	if pg.observed() {
+		call.in = lists("inputs", inputs)
+		call.out = list("outputs", outputs)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.ReduceScatter(ctx, call.meta, outputs, inputs, opts)
@@ -285,13 +285,13 @@ func (pg *ProcessGroup) ReduceScatterTensor(ctx context.Context, output *tensor.
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpReduceScatterTensor, pg.deviceOf(one("output", output), one("input", input)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensor, pg.deviceOf(one("output", output), one("input", input)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(one("input", input))
-		call.info.Outputs = flatten(one("output", output))
+	if pg.observed() {
+		call.in = one("input", input)
+		call.out = one("output", output)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.ReduceScatterTensor(ctx, call.meta, output, input, opts)
@@ -315,13 +315,13 @@ func (pg *ProcessGroup) ReduceScatterTensorCoalesced(ctx context.Context, output
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpReduceScatterTensorCoalesced, pg.deviceOf(list("outputs", outputs), list("inputs", inputs)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensorCoalesced, pg.deviceOf(list("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(list("inputs", inputs))
-		call.info.Outputs = flatten(list("outputs", outputs))
+	if pg.observed() {
+		call.in = list("inputs", inputs)
+		call.out = list("outputs", outputs)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.ReduceScatterTensorCoalesced(ctx, call.meta, outputs, inputs, opts)
@@ -343,13 +343,13 @@ func (pg *ProcessGroup) Alltoall(ctx context.Context, outputs []*tensor.Tensor, 
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpAlltoall, pg.deviceOf(list("outputs", outputs), list("inputs", inputs)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpAlltoall, pg.deviceOf(list("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(list("inputs", inputs))
-		call.info.Outputs = flatten(list("outputs", outputs))
+	if pg.observed() {
+		call.in = list("inputs", inputs)
+		call.out = list("outputs", outputs)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Alltoall(ctx, call.meta, outputs, inputs, opts)
@@ -371,13 +371,13 @@ func (pg *ProcessGroup) AlltoallBase(ctx context.Context, output *tensor.Tensor,
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpAlltoallBase, pg.deviceOf(one("output", output), one("input", input)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpAlltoallBase, pg.deviceOf(one("output", output), one("input", input)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(one("input", input))
-		call.info.Outputs = flatten(one("output", output))
+	if pg.observed() {
+		call.in = one("input", input)
+		call.out = one("output", output)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.AlltoallBase(ctx, call.meta, output, input, opts)
@@ -400,13 +400,13 @@ func (pg *ProcessGroup) Gather(ctx context.Context, outputs [][]*tensor.Tensor, 
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpGather, pg.deviceOf(lists("outputs", outputs), list("inputs", inputs)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpGather, pg.deviceOf(lists("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(list("inputs", inputs))
-		call.info.Outputs = flatten(lists("outputs", outputs))
+	if pg.observed() {
+		call.in = list("inputs", inputs)
+		call.out = lists("outputs", outputs)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Gather(ctx, call.meta, outputs, inputs, opts)
@@ -429,13 +429,13 @@ func (pg *ProcessGroup) Scatter(ctx context.Context, outputs []*tensor.Tensor, i
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpScatter, pg.deviceOf(list("outputs", outputs), lists("inputs", inputs)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpScatter, pg.deviceOf(list("outputs", outputs), lists("inputs", inputs)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(lists("inputs", inputs))
-		call.info.Outputs = flatten(list("outputs", outputs))
+	if pg.observed() {
+		call.in = lists("inputs", inputs)
+		call.out = list("outputs", outputs)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Scatter(ctx, call.meta, outputs, inputs, opts)
@@ -456,13 +456,13 @@ func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst 
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpSend, pg.deviceOf(list("tensors", tensors)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpSend, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Inputs = flatten(list("tensors", tensors))
-		call.info.Peer = dst
+	if pg.observed() {
+		call.in = list("tensors", tensors)
+		call.peer = dst
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Send(ctx, call.meta, tensors, dst, opts)
@@ -483,13 +483,13 @@ func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src 
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpRecv, pg.deviceOf(list("tensors", tensors)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpRecv, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Outputs = flatten(list("tensors", tensors))
-		call.info.Peer = src
+	if pg.observed() {
+		call.out = list("tensors", tensors)
+		call.peer = src
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Recv(ctx, call.meta, tensors, src, opts)
@@ -509,12 +509,12 @@ func (pg *ProcessGroup) RecvAnysource(ctx context.Context, tensors []*tensor.Ten
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpRecvAnysource, pg.deviceOf(list("tensors", tensors)), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpRecvAnysource, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.hooked() {
-		call.info.Outputs = flatten(list("tensors", tensors))
+	if pg.observed() {
+		call.out = list("tensors", tensors)
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.RecvAnysource(ctx, call.meta, tensors, opts)
@@ -531,8 +531,8 @@ func (pg *ProcessGroup) Barrier(ctx context.Context, opts backend.BarrierOptions
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpBarrier, pg.barrierDevice(backend.OpBarrier, opts.DeviceIDs), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpBarrier, pg.barrierDevice(backend.OpBarrier, opts.DeviceIDs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	pg.pre(ctx, &call)
@@ -550,8 +550,8 @@ func (pg *ProcessGroup) MonitoredBarrier(ctx context.Context, opts backend.Monit
 	if c.err != nil {
 		return nil, c.err
 	}
-	call, err := pg.begin(ctx, backend.OpMonitoredBarrier, pg.barrierDevice(backend.OpMonitoredBarrier, nil), opts.Timeout)
-	if err != nil {
+	var call opCall
+	if err := pg.begin(ctx, &call, backend.OpMonitoredBarrier, pg.barrierDevice(backend.OpMonitoredBarrier, nil), opts.Timeout); err != nil {
 		return nil, err
 	}
 	pg.pre(ctx, &call)

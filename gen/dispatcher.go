@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -102,25 +103,31 @@ func genDispatcher(s *Spec) ([]byte, error) {
 			route = Id("pg").Dot("barrierDevice").Call(Qual(pkgBackend, opConst(op)), Nil())
 		}
 		body = append(body,
-			List(Id("call"), Err()).Op(":=").Id("pg").Dot("begin").Call(Id("ctx"), Qual(pkgBackend, opConst(op)), route, Id("opts").Dot("Timeout")),
-			If(Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
+			// call is filled in place: a returned opCall would be copied.
+			Var().Id("call").Id("opCall"),
+			If(Err().Op(":=").Id("pg").Dot("begin").Call(Id("ctx"), Op("&").Id("call"), Qual(pkgBackend, opConst(op)), route, Id("opts").Dot("Timeout")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
 		)
-		// Hooks see the tensors; the slices are built only when a hook is
-		// registered, so the common path allocates nothing here.
+		// The recorder and the hooks see the tensors and the peer; they are
+		// noted only while one of them is on. Each role is one argument
+		// (a targ, on the stack), so the common path allocates nothing.
 		hookSet := []Code{}
-		if ins := roleArgs(op, "in", "inout"); len(ins) > 0 {
-			hookSet = append(hookSet, Id("call").Dot("info").Dot("Inputs").Op("=").Id("flatten").Call(ins...))
+		if ins := roleArgs(op, "in", "inout"); len(ins) == 1 {
+			hookSet = append(hookSet, Id("call").Dot("in").Op("=").Add(ins[0]))
+		} else if len(ins) > 1 {
+			return nil, fmt.Errorf("op %s: %d input arguments; the dispatcher notes one", op.Name, len(ins))
 		}
-		if outs := roleArgs(op, "out", "inout"); len(outs) > 0 {
-			hookSet = append(hookSet, Id("call").Dot("info").Dot("Outputs").Op("=").Id("flatten").Call(outs...))
+		if outs := roleArgs(op, "out", "inout"); len(outs) == 1 {
+			hookSet = append(hookSet, Id("call").Dot("out").Op("=").Add(outs[0]))
+		} else if len(outs) > 1 {
+			return nil, fmt.Errorf("op %s: %d output arguments; the dispatcher notes one", op.Name, len(outs))
 		}
 		for _, a := range op.Args {
 			if a.Type == "rank" {
-				hookSet = append(hookSet, Id("call").Dot("info").Dot("Peer").Op("=").Id(a.Name))
+				hookSet = append(hookSet, Id("call").Dot("peer").Op("=").Id(a.Name))
 			}
 		}
 		if len(hookSet) > 0 {
-			body = append(body, If(Id("pg").Dot("hooked").Call()).Block(hookSet...))
+			body = append(body, If(Id("pg").Dot("observed").Call()).Block(hookSet...))
 		}
 		body = append(body,
 			Id("pg").Dot("pre").Call(Id("ctx"), Op("&").Id("call")),
