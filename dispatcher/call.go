@@ -114,19 +114,29 @@ type opCall struct {
 // is closed or this process is not a member.
 func (pg *ProcessGroup) checker(op backend.Op) checker {
 	c := checker{op: op, rank: pg.rank, size: pg.size}
+	if pg.rank < 0 || pg.closed.Load() {
+		c.err = pg.refusal(op) // out of line, so that checker inlines
+	}
+	return c
+}
+
+// refusal is the error of an op on a group this process is not a member
+// of, or that is closed.
+func (pg *ProcessGroup) refusal(op backend.Op) error {
+	var err error
 	switch {
 	case pg.rank < 0:
-		c.err = pg.notMember(op.String())
+		err = pg.notMember(op.String())
 	case pg.closed.Load():
 		if r := pg.abortReason.Load(); r != nil {
-			c.err = &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrAborted, Err: *r,
+			err = &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrAborted, Err: *r,
 				Detail: fmt.Sprintf("group %s %q was aborted", pg.name, pg.desc)}
 		} else {
-			c.err = &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrClosed,
+			err = &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrClosed,
 				Detail: fmt.Sprintf("group %s %q is closed", pg.name, pg.desc)}
 		}
 	}
-	return c
+	return err
 }
 
 // deviceOf returns the device of the first tensor among args, or the host.

@@ -87,9 +87,12 @@ func (c *checker) failf(msg, format string, args ...any) {
 
 func (c *checker) nonEmpty(msg string, a targ) {
 	if c.err == nil && a.length() == 0 {
-		c.failf(msg, "%s is empty", a.name)
+		c.failEmpty(msg, a.name)
 	}
 }
+
+// failEmpty is nonEmpty's failure, out of line so that nonEmpty inlines.
+func (c *checker) failEmpty(msg, name string) { c.failf(msg, "%s is empty", name) }
 
 func (c *checker) single(msg string, a targ) {
 	if c.err == nil && a.length() != 1 {
@@ -160,6 +163,9 @@ func (c *checker) eachTensor(msg string, args []targ, bad func(t *tensor.Tensor)
 }
 
 func (c *checker) contiguous(msg string, args ...targ) {
+	if t, _, ok := lone(args); ok && t != nil && t.IsContiguous() {
+		return // the common case, inlined
+	}
 	c.eachTensor(msg, args, func(t *tensor.Tensor) string {
 		if !t.IsContiguous() {
 			return fmt.Sprintf("has strides %v for shape %v", t.Strides(), t.Shape())
@@ -273,6 +279,13 @@ func idx(a targ, i int) int {
 }
 
 func (c *checker) reduceOp(msg string, op backend.ReduceOp, args ...targ) {
+	if t, _, ok := lone(args); ok && t != nil && op.ValidFor(t.DType()) == nil {
+		return // the common case, inlined
+	}
+	c.reduceOpSlow(msg, op, args)
+}
+
+func (c *checker) reduceOpSlow(msg string, op backend.ReduceOp, args []targ) {
 	if c.err != nil {
 		return
 	}
