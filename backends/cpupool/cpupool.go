@@ -147,6 +147,7 @@ type Backend struct {
 
 	mu          sync.Mutex
 	outstanding []backend.Work
+	sweepAt     int // track sweeps outstanding when it is this long
 	stopped     error // set by Close (ErrClosed) or Abort
 	senders     []*sender
 
@@ -370,6 +371,9 @@ type queue struct {
 	idle   int // workers parked in cond.Wait
 	lazy   time.Duration
 	nudge  *time.Timer
+	armed  bool   // nudge is set
+	pops   uint64 // jobs removed so far (popped or taken)
+	seen   uint64 // pops when nudge was set
 	// ready, when set, says whether a job at the head may be popped now
 	// (a lane op only in its turn: lanes.go); others wait behind it.
 	ready func(*job) bool
@@ -380,17 +384,41 @@ func (q *queue) init(lazy time.Duration) {
 	q.cond.L = &q.mu
 	q.lazy = lazy
 	if lazy > 0 {
-		q.nudge = time.AfterFunc(time.Hour, func() {
-			q.mu.Lock()
-			if q.head < len(q.items) {
-				q.cond.Signal()
-			}
-			q.mu.Unlock()
-		})
+		q.nudge = time.AfterFunc(time.Hour, q.nudged)
 		q.nudge.Stop()
 	}
 }
 
+// nudged is the nudge timer's function: a worker is woken if no job
+// left the queue since the timer was set (nobody runs them); if some
+// did, their waiters are at work and the timer is set again.
+func (q *queue) nudged() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.armed = false
+	if q.closed != nil || q.head == len(q.items) {
+		return
+	}
+	if q.pops != q.seen {
+		q.armLocked()
+		return
+	}
+	q.cond.Signal()
+}
+
+// armLocked sets the nudge timer unless it is set; q.mu is held. Setting
+// it once per lazy period rather than on every push saves a timer
+// update (a lock and the timer heap) per small op.
+func (q *queue) armLocked() {
+	if !q.armed {
+		q.armed, q.seen = true, q.pops
+		q.nudge.Reset(q.lazy)
+	}
+}
+
+// push queues j. A lane op wakes no worker: its caller runs it, with the
+// lane ops queued before it, when it waits (help); the nudge wakes one if
+// nobody has taken a job for lazy.
 func (q *queue) push(j *job) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -399,8 +427,8 @@ func (q *queue) push(j *job) bool {
 	}
 	q.items = append(q.items, j)
 	if q.idle > 0 {
-		if q.nudge != nil && len(q.items)-q.head == 1 {
-			q.nudge.Reset(q.lazy)
+		if q.nudge != nil && (j.lane || len(q.items)-q.head == 1) {
+			q.armLocked()
 		} else {
 			q.cond.Signal()
 		}
@@ -431,6 +459,7 @@ func (q *queue) popHeadLocked() *job {
 	j := q.items[q.head]
 	q.items[q.head] = nil
 	q.head++
+	q.pops++
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
 	} else if q.idle > 0 && q.headReady() {
@@ -449,6 +478,7 @@ func (q *queue) take(j *job) bool {
 	}
 	q.items[q.head] = nil
 	q.head++
+	q.pops++
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
 	}
@@ -477,8 +507,8 @@ type job struct {
 	seq     uint64
 	tag     uint64
 	peer    int // the peer of a p2p op, else -1
-	ctx     context.Context
-	cancel  context.CancelFunc
+	ctx     context.Context // &jc
+	jc      jobCtx
 	timeout time.Duration
 	w       *backend.HostWork
 	outputs []*tensor.Tensor
@@ -551,22 +581,43 @@ func kindOf(err error) error {
 // dispatcher, means none.
 func (b *Backend) newJob(ctx context.Context, op backend.Op, m backend.Meta, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) *job {
 	to := m.Timeout
-	var jctx context.Context
-	var cancel context.CancelFunc
-	if to > 0 {
-		jctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), to)
-	} else {
-		jctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
-	}
-	j := &job{op: op, seq: m.Seq, peer: -1, ctx: jctx, cancel: cancel, timeout: to, outputs: outputs, run: run}
-	j.w = backend.NewHostWork(m.Seq, true, func(error) { cancel() })
+	j := &job{op: op, seq: m.Seq, peer: -1, timeout: to, outputs: outputs, run: run}
+	j.jc.init(ctx, to)
+	j.ctx = &j.jc
+	j.w = backend.NewHostWork(m.Seq, true, func(error) { j.cancel() })
 	return j
 }
 
-// track records w for barriers and Close, dropping completed works.
-func (b *Backend) track(w backend.Work) []backend.Work {
+// cancel ends the job's context (its waits fail with Canceled), unless
+// it ended already.
+func (j *job) cancel() { j.jc.cancel() }
+
+// track records w for barriers and Close. Completed works are dropped
+// only when the list has grown (to twice what was live at the last
+// sweep), so that an op pays no scan and no copy (Close and Abort wait
+// for, and abort, completed works at no cost).
+func (b *Backend) track(w backend.Work) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if len(b.outstanding) >= b.sweepAt {
+		b.sweepLocked()
+	}
+	b.outstanding = append(b.outstanding, w)
+}
+
+// trackEarlier is track for a barrier: it also returns the works issued
+// before w that have not completed.
+func (b *Backend) trackEarlier(w backend.Work) []backend.Work {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.sweepLocked()
+	earlier := append([]backend.Work(nil), b.outstanding...)
+	b.outstanding = append(b.outstanding, w)
+	return earlier
+}
+
+// sweepLocked drops the completed works; b.mu is held.
+func (b *Backend) sweepLocked() {
 	live := b.outstanding[:0]
 	for _, o := range b.outstanding {
 		if !o.IsCompleted() {
@@ -574,9 +625,8 @@ func (b *Backend) track(w backend.Work) []backend.Work {
 		}
 	}
 	clear(b.outstanding[len(live):])
-	earlier := append([]backend.Work(nil), live...)
-	b.outstanding = append(live, w)
-	return earlier
+	b.outstanding = live
+	b.sweepAt = max(64, 2*len(live))
 }
 
 // collective issues a collective: it takes the tag on the caller's
@@ -611,7 +661,7 @@ type work struct {
 
 // Wait implements backend.Work.
 func (w *work) Wait(ctx context.Context) error {
-	w.b.help(w.j, true)
+	w.b.help(w.j, func(*job) bool { return true })
 	return w.HostWork.Wait(ctx)
 }
 
@@ -620,7 +670,7 @@ func (w *work) Wait(ctx context.Context) error {
 // fired, and whether the op's own timeout had passed.
 func (w *work) WaitHost(ctx context.Context) error {
 	start := time.Now()
-	w.b.help(w.j, outlasts(ctx, w.j))
+	w.b.help(w.j, func(j *job) bool { return outlasts(ctx, j) })
 	err := w.HostWork.WaitHost(ctx)
 	var we *backend.WaitError
 	if errors.As(err, &we) && we.Op == "" {
@@ -651,16 +701,28 @@ func outlasts(ctx context.Context, j *job) bool {
 }
 
 // help speeds up a wait for j: it runs j on the waiting goroutine when
-// inline is set and j is next in the queue, else polls for PollSpin.
-func (b *Backend) help(j *job, inline bool) {
+// inline(j) allows and j is next in the queue, and a lane op j together
+// with the lane ops queued before it (in their order, each if inline
+// allows it), so that a caller that issues several small allreduces and
+// waits for them wakes no worker; else it polls for PollSpin.
+func (b *Backend) help(j *job, inline func(*job) bool) {
 	if j.w.IsCompleted() {
 		return
 	}
-	if inline && b.q.take(j) {
-		b.runJob(j)
-		if j.lane {
-			b.q.kick() // the next lane op's turn: a worker may wait for it
+	if j.lane {
+		for !j.w.IsCompleted() {
+			h := b.q.takeLane(j.ticket, inline)
+			if h == nil {
+				break
+			}
+			b.runJob(h)
 		}
+		if j.w.IsCompleted() {
+			b.q.kick() // the job behind: a worker may take it
+			return
+		}
+	} else if inline(j) && b.q.take(j) {
+		b.runJob(j)
 		return
 	}
 	if b.spin < 0 {

@@ -232,6 +232,21 @@ func (q *queue) takeReady() *job {
 	return q.popHeadLocked()
 }
 
+// takeLane removes the head job if it is a lane op in its turn whose
+// ticket is at most t and that inline allows the caller to run.
+func (q *queue) takeLane(t uint64, inline func(*job) bool) *job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed != nil || q.head == len(q.items) {
+		return nil
+	}
+	h := q.items[q.head]
+	if !h.lane || h.ticket > t || !q.headReady() || !inline(h) {
+		return nil
+	}
+	return q.popHeadLocked()
+}
+
 // kick wakes a parked worker if the head job is ready now.
 func (q *queue) kick() {
 	q.mu.Lock()

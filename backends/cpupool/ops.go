@@ -634,7 +634,7 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 	j := b.newJob(ctx, op, m, nil, nil)
 	j.fp = fingerprint(op, 0, nil, 0)
 	j.tag = b.issued.Add(1)
-	earlier := b.track(j.w)
+	earlier := b.trackEarlier(j.w)
 	j.run = func(ctx context.Context, tag uint64) error {
 		resume := tcpmesh.Blocking(ctx) // the earlier works may need this rank's ring readers
 		for _, w := range earlier {

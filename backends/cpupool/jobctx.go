@@ -1,0 +1,118 @@
+package cpupool
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// jobCtx is the context an op runs under: its caller's values, not its
+// cancellation (the op goes on for the peers), and the op's own deadline.
+//
+// It is context.WithTimeout(context.WithoutCancel(ctx), timeout) made
+// lazy, because that cost a small allreduce a runtime timer (added at
+// issue, removed at completion), three allocations and a lock or two,
+// about 1 µs of the 8 B op's CPU time on this machine (the profile in
+// docs/perf.md, issue 17). A lane op never asks for Done: its waits poll
+// the ring and ask Err and Deadline only once they park. So the channel
+// and the timer that closes it at the deadline are made by the first Done
+// (a ring op's select, a context derived from this one); until then Err
+// compares the clock with the deadline itself.
+type jobCtx struct {
+	parent   context.Context // for Value only: never cancelled
+	deadline time.Time       // zero: none
+	state    atomic.Int32    // live, or how it ended: ctxCanceled, ctxExpired
+
+	mu    sync.Mutex
+	done  chan struct{} // made by the first Done
+	timer *time.Timer   // closes done at the deadline, once done exists
+}
+
+// The states of a jobCtx that ended.
+const (
+	ctxCanceled = 1
+	ctxExpired  = 2
+)
+
+// init sets c up with ctx's values and a deadline timeout from now (none
+// when timeout <= 0). The parent is context.WithoutCancel(ctx), so that
+// what looks for a cancelable ancestor through Value (context.Cause, a
+// derived context) finds none rather than the caller's.
+func (c *jobCtx) init(ctx context.Context, timeout time.Duration) {
+	c.parent = ctx
+	if ctx.Done() != nil {
+		// Background and the like (no Done) have no cancelable ancestor:
+		// the allocation is saved for them.
+		c.parent = context.WithoutCancel(ctx)
+	}
+	if timeout > 0 {
+		c.deadline = time.Now().Add(timeout)
+	}
+}
+
+// Deadline implements context.Context.
+func (c *jobCtx) Deadline() (time.Time, bool) { return c.deadline, !c.deadline.IsZero() }
+
+// Value implements context.Context.
+func (c *jobCtx) Value(key any) any { return c.parent.Value(key) }
+
+// Err implements context.Context: DeadlineExceeded once the deadline has
+// passed (whether or not a timer has fired yet), Canceled after cancel.
+func (c *jobCtx) Err() error {
+	s := c.state.Load()
+	if s == 0 && !c.deadline.IsZero() && !time.Now().Before(c.deadline) {
+		c.end(ctxExpired)
+		s = c.state.Load()
+	}
+	switch s {
+	case ctxCanceled:
+		return context.Canceled
+	case ctxExpired:
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// Done implements context.Context; the first call makes the channel and,
+// with a deadline, the timer that closes it.
+func (c *jobCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+		switch {
+		case c.state.Load() != 0:
+			close(c.done)
+		case !c.deadline.IsZero():
+			c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.end(ctxExpired) })
+		}
+	}
+	return c.done
+}
+
+// cancel ends the context with Canceled, unless it ended already, and
+// releases its timer.
+func (c *jobCtx) cancel() { c.end(ctxCanceled) }
+
+// end records the first way the context ended and closes done if it
+// exists.
+func (c *jobCtx) end(state int32) {
+	if c.state.Load() != 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.state.CompareAndSwap(0, state) {
+		return
+	}
+	if c.done != nil {
+		close(c.done)
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+}
+
+// String names the context, as the context package's do.
+func (c *jobCtx) String() string { return "cpupool.jobCtx" }

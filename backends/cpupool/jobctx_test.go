@@ -1,0 +1,78 @@
+package cpupool
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+type ctxKey struct{}
+
+// TestJobCtx checks the lazy job context against what
+// context.WithTimeout(context.WithoutCancel(ctx), d) does: the deadline
+// ends it whether or not Done was asked for, cancel ends it with
+// Canceled, a cancelled parent does not, and values pass through.
+func TestJobCtx(t *testing.T) {
+	parent, stop := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
+	stop() // the job outlives its caller's context
+
+	var c jobCtx
+	c.init(parent, 30*time.Millisecond)
+	if c.Err() != nil {
+		t.Fatalf("fresh context: Err %v", c.Err())
+	}
+	if got := c.Value(ctxKey{}); got != "v" {
+		t.Fatalf("Value = %v, want v", got)
+	}
+	if dl, ok := c.Deadline(); !ok || time.Until(dl) > 30*time.Millisecond {
+		t.Fatalf("Deadline = %v, %v", dl, ok)
+	}
+	if context.Cause(&c) != nil {
+		t.Fatalf("Cause of a live job context: %v (the caller's?)", context.Cause(&c))
+	}
+	time.Sleep(40 * time.Millisecond)
+	if !errors.Is(c.Err(), context.DeadlineExceeded) {
+		t.Fatalf("after the deadline, no Done asked: Err %v", c.Err())
+	}
+	select {
+	case <-c.Done():
+	default:
+		t.Fatal("Done made after the deadline is not closed")
+	}
+	c.cancel()
+	if !errors.Is(c.Err(), context.DeadlineExceeded) {
+		t.Fatalf("cancel after the deadline changed Err to %v", c.Err())
+	}
+
+	// Done asked first: the timer closes it.
+	var d jobCtx
+	d.init(context.Background(), 20*time.Millisecond)
+	child, cc := context.WithCancel(&d)
+	defer cc()
+	select {
+	case <-child.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a context derived from a job context did not end at its deadline")
+	}
+	if !errors.Is(d.Err(), context.DeadlineExceeded) || !errors.Is(child.Err(), context.Canceled) && !errors.Is(child.Err(), context.DeadlineExceeded) {
+		t.Fatalf("Err %v, child %v", d.Err(), child.Err())
+	}
+
+	// No deadline: only cancel ends it, and closes a Done made before.
+	var e jobCtx
+	e.init(context.Background(), 0)
+	if _, ok := e.Deadline(); ok {
+		t.Fatal("deadline without a timeout")
+	}
+	done := e.Done()
+	e.cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("cancel did not close Done")
+	}
+	if !errors.Is(e.Err(), context.Canceled) {
+		t.Fatalf("Err %v, want Canceled", e.Err())
+	}
+}
