@@ -147,7 +147,7 @@ type Backend struct {
 
 	mu          sync.Mutex
 	outstanding []backend.Work
-	sweepAt     int // track sweeps outstanding when it is this long
+	sweepAt     int   // track sweeps outstanding when it is this long
 	stopped     error // set by Close (ErrClosed) or Abort
 	senders     []*sender
 
@@ -506,7 +506,7 @@ type job struct {
 	op      backend.Op
 	seq     uint64
 	tag     uint64
-	peer    int // the peer of a p2p op, else -1
+	peer    int             // the peer of a p2p op, else -1
 	ctx     context.Context // &jc
 	jc      jobCtx
 	timeout time.Duration
