@@ -348,7 +348,7 @@ func TestTransportOption(t *testing.T) {
 // (so the two share GOMAXPROCS, unlike conftest bench's processes).
 func BenchmarkAllreduce(b *testing.B) {
 	for _, tr := range []string{"tcp", "shm"} {
-		for _, n := range []int{2, 1 << 18} {
+		for _, n := range []int{2, 1 << 10, 1 << 18, 1 << 22} {
 			b.Run(fmt.Sprintf("%s/%dB", tr, 4*n), func(b *testing.B) {
 				t := &testing.T{}
 				bs := group(t, 2, &cpupool.Options{Transport: tr})

@@ -97,6 +97,12 @@ type Ring struct {
 	// Spin is how many times a wait yields (runtime.Gosched) before it
 	// sleeps on the futex.
 	Spin int
+	// Yield, when > 0, is how long Await polls with sched_yield between
+	// polls when it may not spin (spin <= 0: more ranks than cores share
+	// the host) before it sleeps: the core goes to whichever peer the
+	// kernel runs next, at the cost of a system call per poll rather than
+	// a futex sleep and wake-up per message (Open MPI's yield_when_idle).
+	Yield time.Duration
 }
 
 // HostID identifies this host's boot: the host name and the kernel's boot
@@ -529,6 +535,10 @@ func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 	_, _, _ = syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
+// schedYield gives the core to another runnable thread, if any, without
+// telling the Go scheduler (the call returns within microseconds).
+func schedYield() { _, _, _ = syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
+
 func futexWake(addr *atomic.Uint32) {
 	_, _, _ = syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp, 1<<30, 0, 0, 0)
 }
@@ -544,6 +554,7 @@ func futexWake(addr *atomic.Uint32) {
 func (r *Ring) Await(ctx context.Context, n int, spin, slice time.Duration, check func() error) error {
 	need := uint64(n)
 	var start time.Time
+	yield := r.Yield
 	for i := 0; ; i++ {
 		dead := r.dead.Load()
 		if r.tail.Load()-r.head.Load() >= need {
@@ -554,6 +565,17 @@ func (r *Ring) Await(ctx context.Context, n int, spin, slice time.Duration, chec
 		}
 		if dead {
 			return ErrPeerDead
+		}
+		if spin <= 0 && yield > 0 {
+			if start.IsZero() {
+				start = time.Now()
+			} else if i&15 == 15 && time.Since(start) > yield {
+				yield = 0
+			}
+			if yield > 0 {
+				schedYield()
+				continue
+			}
 		}
 		if spin > 0 {
 			// A poll is two loads; the scheduler (Gosched) and the clock

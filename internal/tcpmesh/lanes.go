@@ -39,6 +39,9 @@ const (
 	// laneSlice bounds a parked lane wait, so that the caller's check (a
 	// peer gave the op up, or sent it the slow way) runs now and then.
 	laneSlice = 2 * time.Millisecond
+	// laneYield is how long a lane receive polls with sched_yield before
+	// it sleeps when more ranks than cores share the host (shm.Ring.Yield).
+	laneYield = 100 * time.Microsecond
 )
 
 // LaneMax is the largest payload a lane message may carry.

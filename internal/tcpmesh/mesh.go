@@ -292,6 +292,9 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 		if p.pair != nil {
 			if oversubscribed {
 				p.pair.In.Spin, p.pair.Out.Spin = 0, 0 // sleep at once: yield the core
+				if p.lane != nil {
+					p.lane.In.Yield = laneYield
+				}
 			}
 			m.readers.Add(2)
 			go m.shmReadLoop(p)
