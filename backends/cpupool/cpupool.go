@@ -514,9 +514,12 @@ type job struct {
 	outputs []*tensor.Tensor
 	run     func(ctx context.Context, tag uint64) error
 	poll    tcpmesh.OpPoll
-	fp      tcpmesh.Fingerprint // what the op's frames say about it
-	lane    bool                // the op runs over the lanes (lanes.go)
-	ticket  uint64              // its turn among the lane ops
+	fp      tcpmesh.Fingerprint                         // what the op's frames say about it
+	lane    bool                                        // the op runs over the lanes (lanes.go)
+	ticket  uint64                                      // its turn among the lane ops
+	laneRun func(ctx context.Context, lo *laneOp) error // a lane op's run (runLane)
+	lo      laneOp                                      // its view of the lanes
+	work    work                                        // a lane op's Work: one allocation with the job
 }
 
 func (b *Backend) worker() {
@@ -540,7 +543,12 @@ func (b *Backend) runJob(j *job) {
 		j.poll.Tag, j.poll.FP = j.tag, j.fp
 		ctx = b.mesh.BeginOp(ctx, &j.poll)
 	}
-	err := j.run(ctx, j.tag)
+	var err error
+	if j.lane {
+		err = b.runLane(ctx, j)
+	} else {
+		err = j.run(ctx, j.tag)
+	}
 	b.mesh.EndOp(&j.poll)
 	if err != nil {
 		raw := err

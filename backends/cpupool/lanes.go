@@ -69,6 +69,12 @@ func (l *laneOp) Recv(ctx context.Context, peer int, n, unit int, fn func(off in
 	return l.b.mesh.LaneRecv(ctx, peer, l.tag, l.fp, n, unit, fn, func() error { return l.b.mesh.TagError(peer, l.tag, n) })
 }
 
+func (l *laneOp) RecvInto(ctx context.Context, peer int, buf []byte, unit int, fn func(dst, src []byte)) error {
+	// The closures do not escape (LaneRecv only calls them): no allocation.
+	return l.b.mesh.LaneRecv(ctx, peer, l.tag, l.fp, len(buf), unit, func(off int, src []byte) { fn(buf[off:off+len(src)], src) },
+		func() error { return l.b.mesh.TagError(peer, l.tag, len(buf)) })
+}
+
 // laneTurn waits until the lane op with ticket t may run: every earlier
 // one has finished or given up. Workers pop jobs in issue order, so the
 // earlier ones are running already and the wait is short: it polls a
@@ -138,11 +144,9 @@ func (b *Backend) laneGiveUp(t uint64) {
 
 // allreduceLanes issues an allreduce that takes the lanes.
 func (b *Backend) allreduceLanes(ctx context.Context, m backend.Meta, fp tcpmesh.Fingerprint, tensors []*tensor.Tensor, bufs [][]byte, k reduce.Kernel) (backend.Work, error) {
-	var lo laneOp
-	return b.collectiveLane(ctx, backend.OpAllreduce, m, fp, tensors, func(ctx context.Context, tag uint64) error {
+	return b.collectiveLane(ctx, backend.OpAllreduce, m, fp, tensors, func(ctx context.Context, lo *laneOp) error {
 		buf := combineLocal(k, bufs, 0)
-		lo = laneOp{b: b, tag: tag, fp: fp}
-		if err := coll.AllreduceLanes(ctx, &lo, buf, k); err != nil {
+		if err := coll.AllreduceLanes(ctx, lo, buf, k); err != nil {
 			return err
 		}
 		b.post(k, buf, b.cfg.WorldSize*len(bufs))
@@ -156,13 +160,11 @@ func (b *Backend) allreduceLanes(ctx context.Context, m backend.Meta, fp tcpmesh
 // allreduceDirect issues an allreduce that reads its peers' buffers in
 // place; it is a lane op (its addresses and barriers go over the lanes).
 func (b *Backend) allreduceDirect(ctx context.Context, m backend.Meta, fp tcpmesh.Fingerprint, tensors []*tensor.Tensor, bufs [][]byte, k reduce.Kernel) (backend.Work, error) {
-	var lo laneOp
-	return b.collectiveLane(ctx, backend.OpAllreduce, m, fp, tensors, func(ctx context.Context, tag uint64) error {
+	return b.collectiveLane(ctx, backend.OpAllreduce, m, fp, tensors, func(ctx context.Context, lo *laneOp) error {
 		buf := combineLocal(k, bufs, 0)
-		lo = laneOp{b: b, tag: tag, fp: fp}
 		scratch := b.pool.Get(directPiece)
 		defer b.pool.Put(scratch)
-		if err := coll.AllreduceDirect(ctx, &lo, buf, k, scratch); err != nil {
+		if err := coll.AllreduceDirect(ctx, lo, buf, k, scratch); err != nil {
 			return err
 		}
 		b.post(k, buf, b.cfg.WorldSize*len(bufs))
@@ -174,20 +176,13 @@ func (b *Backend) allreduceDirect(ctx context.Context, m backend.Meta, fp tcpmes
 }
 
 // collectiveLane is collective for a lane op: the ticket is taken with
-// the tag, and the job runs in its turn.
-func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.Meta, fp tcpmesh.Fingerprint, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) (backend.Work, error) {
+// the tag, and runJob runs it in its turn (runLane).
+func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.Meta, fp tcpmesh.Fingerprint, outputs []*tensor.Tensor, run func(ctx context.Context, lo *laneOp) error) (backend.Work, error) {
 	if err := b.usable(op, m.Seq); err != nil {
 		return nil, err
 	}
-	var j *job
-	j = b.newJob(ctx, op, m, outputs, func(ctx context.Context, tag uint64) error {
-		if err := b.laneTurn(ctx, j.ticket); err != nil {
-			return err
-		}
-		defer b.laneEnd()
-		return run(ctx, tag)
-	})
-	j.lane, j.fp = true, fp
+	j := b.newJob(ctx, op, m, outputs, nil)
+	j.lane, j.fp, j.laneRun = true, fp, run
 	b.laneMu.Lock()
 	j.tag = b.issued.Add(1)
 	j.ticket = b.laneIssued
@@ -198,7 +193,19 @@ func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.M
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	return &work{HostWork: j.w, b: b, j: j}, nil
+	j.work = work{HostWork: j.w, b: b, j: j}
+	return &j.work, nil
+}
+
+// runLane runs the lane op j in its turn, with its view of the lanes
+// (j.lo, in the job so that it costs no allocation of its own).
+func (b *Backend) runLane(ctx context.Context, j *job) error {
+	if err := b.laneTurn(ctx, j.ticket); err != nil {
+		return err
+	}
+	defer b.laneEnd()
+	j.lo = laneOp{b: b, tag: j.tag, fp: j.fp}
+	return j.laneRun(ctx, &j.lo)
 }
 
 // laneReady is the queue's ready: a lane op may be popped only in its

@@ -22,6 +22,11 @@ type Lanes interface {
 	// Recv receives peer's message of n bytes and hands it to fn in runs
 	// of whole units of unit bytes (off is the run's offset).
 	Recv(ctx context.Context, peer int, n, unit int, fn func(off int, src []byte)) error
+	// RecvInto receives peer's message of len(buf) bytes and hands it to
+	// fn in runs of whole units of unit bytes, each with the part of buf
+	// it lands on: Recv whose fn needs no closure over buf (a closure
+	// passed through an interface is an allocation per op).
+	RecvInto(ctx context.Context, peer int, buf []byte, unit int, fn func(dst, src []byte)) error
 }
 
 // AllreduceLanes is recursive doubling over lanes (as allreduceRD, with
@@ -37,7 +42,7 @@ func AllreduceLanes(ctx context.Context, t Lanes, buf []byte, k reduce.Kernel) e
 		return nil
 	}
 	e := k.ElemSize
-	combine := func(off int, src []byte) { k.Combine(buf[off:off+len(src)], src) }
+	combine := k.Combine
 	p := 1 << (bits.Len(uint(n)) - 1)
 	rem := n - p
 	newrank := r - rem
@@ -48,7 +53,7 @@ func AllreduceLanes(ctx context.Context, t Lanes, buf []byte, k reduce.Kernel) e
 			}
 			newrank = -1
 		} else {
-			if err := t.Recv(ctx, r-1, len(buf), e, combine); err != nil {
+			if err := t.RecvInto(ctx, r-1, buf, e, combine); err != nil {
 				return err
 			}
 			newrank = r / 2
@@ -64,16 +69,19 @@ func AllreduceLanes(ctx context.Context, t Lanes, buf []byte, k reduce.Kernel) e
 			if err := t.Send(ctx, dst, buf); err != nil {
 				return err
 			}
-			if err := t.Recv(ctx, dst, len(buf), e, combine); err != nil {
+			if err := t.RecvInto(ctx, dst, buf, e, combine); err != nil {
 				return err
 			}
 		}
 	}
 	if r < 2*rem {
 		if r%2 == 0 {
-			return t.Recv(ctx, r+1, len(buf), e, func(off int, src []byte) { copy(buf[off:], src) })
+			return t.RecvInto(ctx, r+1, buf, e, copyRun)
 		}
 		return t.Send(ctx, r-1, buf)
 	}
 	return nil
 }
+
+// copyRun is a RecvInto fn that copies.
+func copyRun(dst, src []byte) { copy(dst, src) }

@@ -101,15 +101,18 @@ type integral interface {
 	~int8 | ~uint8 | ~int32 | ~int64
 }
 
+func sumBytesF32(d, s []byte) { sumFloat32(view[float32](d), view[float32](s)) }
+func sumBytesF64(d, s []byte) { sumFloat64(view[float64](d), view[float64](s)) }
+
 func arith[T number](t reduceop.Type) func(dst, src []byte) {
 	switch t {
 	case reduceop.Sum:
 		var z T
 		switch any(z).(type) {
 		case float32:
-			return func(d, s []byte) { sumFloat32(view[float32](d), view[float32](s)) }
+			return sumBytesF32 // a plain function: For allocates nothing for it
 		case float64:
-			return func(d, s []byte) { sumFloat64(view[float64](d), view[float64](s)) }
+			return sumBytesF64
 		}
 		return func(d, s []byte) { sum(view[T](d), view[T](s)) }
 	case reduceop.Product:
