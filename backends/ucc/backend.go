@@ -27,9 +27,13 @@
 // kick while it naps): an idle group costs no CPU (PyTorch's ProcessGroupUCC
 // polls a core at 100 % for the life of the group). A goroutine blocked in
 // Wait progresses the context itself, as a C program's test loop does, for
-// up to a second (drive.go), and the progress goroutine does not spin
-// meanwhile: the hand-off and the timer sleeps made a small allreduce
-// several times slower than raw libucc.
+// up to a second (drive.go), and the progress goroutine keeps out of its
+// way: while callers drive (one does now, or one did since its last look)
+// it neither progresses nor spins, naps MaxPark at a time, and is not
+// kicked when a waiter leaves work pending; it takes over within two naps
+// once no caller drives. The hand-off and the timer sleeps made a small
+// allreduce several times slower than raw libucc, and a kick per Wait
+// (with the spin it set off) made a 1 MiB one 40 % slower on two cores.
 //
 // Deadlines and failures. UCC's own collective timeout is not used: it is
 // unreliable (an allreduce posted alone returned OK untouched, or never
@@ -143,6 +147,11 @@ type Backend struct {
 	// driving counts the goroutines progressing UCC from Wait (drive.go);
 	// posting counts the submits waiting for mu, which the drivers let in.
 	driving, posting atomic.Int32
+	// drives counts the drive calls ever made: the progress goroutine
+	// reads it once per nap to tell whether callers drive UCC (it then
+	// keeps out of the way) or have stopped (it then takes over); no
+	// caller has to kick it (drive.go).
+	drives atomic.Uint32
 	// napping is set while the progress goroutine sleeps on a timer:
 	// submits do not kick it then (wake).
 	napping atomic.Bool
@@ -388,6 +397,7 @@ func (b *Backend) kickNow() {
 func (b *Backend) progress() {
 	defer close(b.done)
 	var lastDone, lastTick, lastRemote, lastBusy time.Time
+	var seenDrives uint32
 	park := time.Microsecond
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -423,11 +433,26 @@ func (b *Backend) progress() {
 			case <-b.kick:
 			}
 			lastBusy, lastDone, park = time.Now(), time.Now(), time.Microsecond
+			seenDrives = b.drives.Load() // drives before the block are no callers now
 			continue
 		}
 		now := time.Now()
 		lastBusy = now
-		if b.driving.Load() == 0 {
+		// Callers driving UCC from Wait now, or since the last look:
+		// leave UCC to them, neither progress nor spin, and look again
+		// in MaxPark. Why: in a loop of issue and Wait (every training
+		// step, conftest bench) the waiter progresses every op itself,
+		// and this goroutine stepping in between two Waits (it was
+		// kicked at each Wait's end and spun PollSpin) ran a third busy
+		// thread beside the two ranks of a two-core machine: ~1500
+		// context switches per 100 ms per rank against the raw loop's
+		// ~150, and a 1 MiB allreduce 40 % slower than raw libucc. An op
+		// left pending when the callers stop (issued, never waited for)
+		// is progressed here within two naps (2 x MaxPark).
+		drives := b.drives.Load()
+		callers := b.driving.Load() > 0 || drives != seenDrives
+		seenDrives = drives
+		if !callers {
 			// A goroutine in Wait progresses UCC itself; a second caller
 			// of ucc_context_progress would only contend for b.mu.
 			b.mu.Lock()
@@ -451,14 +476,12 @@ func (b *Backend) progress() {
 			lastRemote = now
 			b.checkRemote()
 		}
-		if b.opts.PollSpin >= 0 && now.Sub(lastDone) < b.opts.PollSpin && b.driving.Load() == 0 {
+		if !callers && b.opts.PollSpin >= 0 && now.Sub(lastDone) < b.opts.PollSpin {
 			continue
 		}
 		d := park
-		if b.driving.Load() > 0 {
-			// Only the watchdog needs this goroutine now; a driver that
-			// leaves work behind kicks it (drive.go).
-			d = tickEvery
+		if callers {
+			d = b.opts.MaxPark
 		}
 		kicked, ok := nap(d)
 		if !ok {

@@ -37,8 +37,9 @@ const driveSpin = 20 * time.Microsecond
 // millisecond when the process is otherwise idle: a 1 MiB allreduce that
 // UCC finishes in 0.2 ms took 2.4 ms. While a caller waits, nothing is
 // gained by parking, so the caller polls; the progress goroutine steps
-// back (no spinning while b.driving > 0) and still runs the watchdog, so
-// timeouts and peer aborts fail the work and end the loop.
+// back (no progress, no spinning while callers drive, see progress) and
+// still runs the watchdog, so timeouts and peer aborts fail the work and
+// end the loop.
 //
 // The lock is taken with TryLock and never while a submit waits for it
 // (b.posting), so a driver never starves another goroutine's issue.
@@ -47,14 +48,14 @@ const driveSpin = 20 * time.Microsecond
 // a millisecond after the call), or the zero time when w finished before.
 func (b *Backend) drive(ctx context.Context, w *work) (start time.Time) {
 	b.driving.Add(1)
-	defer func() {
-		// The progress goroutine naps while a driver works; wake it if
-		// this driver leaves pending work (its own, on ctx or waitDrive,
-		// or another op's) and no other driver goes on.
-		if b.driving.Add(-1) == 0 && b.npending.Load() > 0 {
-			b.kickNow()
-		}
-	}()
+	b.drives.Add(1)
+	// No kick on the way out, even when work is left pending: the
+	// progress goroutine takes over once no caller has driven for a nap
+	// of MaxPark (backend.go's progress). A kick here is a thread
+	// wake-up per Wait in a loop of issue and Wait, and the goroutine it
+	// woke spun beside the caller's next op: a third busy thread where
+	// every core runs a rank.
+	defer b.driving.Add(-1)
 	// The clock (start) is read only once the op has taken a while
 	// (n == 63): a small op is done in the first gu_drive, and a clock
 	// read is a good part of its cost.
