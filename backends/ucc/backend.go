@@ -77,6 +77,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"runtime/cgo"
 	"strings"
 	"sync"
@@ -159,6 +160,11 @@ type Backend struct {
 	// without taking mu while a driver holds it.
 	npending atomic.Int32
 
+	// yield is Options.Yield resolved: drivers give their core away
+	// between progress rounds (1), as C's gu_drive takes it, and the
+	// progress goroutine does not spin.
+	yield C.int
+
 	// born is when New began; works keep their times as offsets from it
 	// (now), one read of the monotonic clock each, where time.Now reads
 	// the wall clock too: on a VM each read is a good part of a small op.
@@ -191,6 +197,9 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	}
 	b := &Backend{cfg: cfg, opts: opts, args: hostChecker(cfg.Rank), born: time.Now(), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		wd: watch.NewWatchdog[*work](watch.Config{Policy: watch.NoHandling, Rank: cfg.Rank, Dump: cfg.DumpAll != nil})}
+	if yields(opts.Yield, cfg.WorldSize, runtime.NumCPU(), knob.OS) {
+		b.yield = 1
+	}
 	b.oob = &oob{st: cfg.Store, rank: cfg.Rank, size: cfg.WorldSize, timeout: storeBound,
 		deadline: time.Now().Add(opts.ConnectTimeout)}
 	if dl, ok := ctx.Deadline(); ok && dl.Before(b.oob.deadline) {
@@ -476,7 +485,7 @@ func (b *Backend) progress() {
 			lastRemote = now
 			b.checkRemote()
 		}
-		if !callers && b.opts.PollSpin >= 0 && now.Sub(lastDone) < b.opts.PollSpin {
+		if !callers && b.yield == 0 && b.opts.PollSpin >= 0 && now.Sub(lastDone) < b.opts.PollSpin {
 			continue
 		}
 		d := park

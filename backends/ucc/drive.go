@@ -80,7 +80,7 @@ func (b *Backend) drive(ctx context.Context, w *work) (start time.Time) {
 				if w.live > 0 {
 					// The C loop of a blocking caller, for up to driveSpin:
 					// progress and test without a cgo crossing per round.
-					w.live = int(C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, C.int64_t(driveSpin)))
+					w.live = int(C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, C.int64_t(driveSpin), b.yield))
 					w.noteErr()
 				} else {
 					C.gu_context_progress(b.ctx)

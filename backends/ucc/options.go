@@ -14,6 +14,18 @@ const (
 	EnvPollSpin = "GOCOLL_UCC_POLL_SPIN_US"
 	// EnvMaxPark sets Options.MaxPark, in microseconds.
 	EnvMaxPark = "GOCOLL_UCC_MAX_PARK_US"
+	// EnvYield sets Options.Yield: auto, always or never.
+	EnvYield = "GOCOLL_UCC_YIELD"
+	// EnvLocalWorldSize is torchrun's count of the ranks on this host,
+	// which Options.Yield's auto compares with the cores.
+	EnvLocalWorldSize = "LOCAL_WORLD_SIZE"
+)
+
+// Values of Options.Yield.
+const (
+	YieldAuto   = "auto"
+	YieldAlways = "always"
+	YieldNever  = "never"
 )
 
 // Defaults of Options.
@@ -44,6 +56,19 @@ type Options struct {
 	// the goroutine blocks and costs nothing. Default 1 ms
 	// (GOCOLL_UCC_MAX_PARK_US).
 	MaxPark time.Duration
+	// Yield says whether a goroutine waiting in UCC gives its core away
+	// (sched_yield) between progress rounds, as Open MPI does when
+	// mpirun oversubscribes: "always", "never", or "auto", the default
+	// (GOCOLL_UCC_YIELD): yield when the ranks on this host
+	// (LOCAL_WORLD_SIZE, else the group's size) outnumber the cores this
+	// process may run on. Why: UCC completes an op only while every rank
+	// progresses it, and a rank spinning in ucc_context_progress holds
+	// the core its peer needs for its whole time slice (milliseconds per
+	// op at 4 ranks on 2 cores, raw libucc alike); with cores to spare, a
+	// yield only adds a system call per round. When yielding, the
+	// progress goroutine does not spin either (PollSpin is taken as
+	// negative).
+	Yield string
 }
 
 func field(name string) string { return "ucc.Options." + name }
@@ -53,6 +78,8 @@ var (
 		Parse: knob.Units(time.Microsecond)}
 	knobMaxPark = knob.Knob[time.Duration]{Field: field("MaxPark"), Env: []string{EnvMaxPark}, Default: DefaultMaxPark,
 		Parse: knob.Units(time.Microsecond), Check: knob.Positive[time.Duration]}
+	knobYield = knob.Knob[string]{Field: field("Yield"), Env: []string{EnvYield}, Default: YieldAuto,
+		Check: knob.OneOf(YieldAuto, YieldAlways, YieldNever)}
 )
 
 // optionsOf reads backend.Config.Options.
@@ -80,6 +107,9 @@ func resolveOptions(o Options, groupTimeout time.Duration, env knob.Env) (Option
 		o.MaxPark, err = knobMaxPark.Resolve(env, o.MaxPark)
 	}
 	if err == nil {
+		o.Yield, err = knobYield.Resolve(env, o.Yield)
+	}
+	if err == nil {
 		def := groupTimeout
 		if def <= 0 {
 			def = defaultConnectTimeout
@@ -91,4 +121,26 @@ func resolveOptions(o Options, groupTimeout time.Duration, env knob.Env) (Option
 		return o, fmt.Errorf("%w: ucc: %w", backend.ErrInvalidArgument, err)
 	}
 	return o, nil
+}
+
+// yields resolves Options.Yield (resolved: never the empty string) for a
+// group of worldSize ranks on a process that may run on cpus cores.
+// LOCAL_WORLD_SIZE, when set to a positive number, counts the ranks on
+// this host; else the whole group is taken to be here (a group spread
+// over hosts yields needlessly only when it has more ranks than a host
+// has cores, which costs a system call per progress round).
+func yields(yield string, worldSize, cpus int, env knob.Env) bool {
+	switch yield {
+	case YieldAlways:
+		return true
+	case YieldNever:
+		return false
+	}
+	local := worldSize
+	if _, v, ok := env.Lookup(EnvLocalWorldSize); ok {
+		if n, err := knob.ParseInt(v); err == nil && n > 0 {
+			local = n
+		}
+	}
+	return local > cpus
 }

@@ -3,6 +3,7 @@
 
 #include "_cgo_export.h"
 
+#include <sched.h>
 #include <time.h>
 
 typedef void *lib_h, *ctx_h, *team_h, *req_h, *cfg_h;
@@ -230,8 +231,11 @@ static int64_t gu_now_ns(void) {
 // submit waits for the lock the caller holds) or spin_ns pass; then it
 // returns how many are still in progress. The clock is read every 16
 // rounds, from the 16th on (the spin counts from there): a small op is
-// done before, and a clock read costs a good part of it.
-int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, int64_t spin_ns) {
+// done before, and a clock read costs a good part of it. With yield, each
+// round that leaves the op in progress ends in sched_yield, so that a
+// peer rank waiting for this core (more ranks than cores) runs: what Open
+// MPI does when oversubscribed (mpi_yield_when_idle).
+int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, int64_t spin_ns, int yield) {
 	int64_t end = 0;
 	for (unsigned k = 1;; k++) {
 		int busy = gu_reap(reqs, n, err);
@@ -246,6 +250,7 @@ int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *sto
 			}
 		}
 		p_ucc_context_progress((ctx_h)ctx);
+		if (yield) sched_yield();
 	}
 }
 
