@@ -109,6 +109,23 @@ func (p *plan) vec(sizes []int) (counts, displs C.uintptr_t) {
 
 func (p *plan) add(d C.gu_desc) { p.descs = append(p.descs, d) }
 
+// inlineBytes bounds the ops that submit progresses once at issue: UCC's
+// small-message range (its allreduce switches algorithms at 4 KiB), where a
+// progress round is a few hundred nanoseconds; a larger op's round can be
+// a copy or reduction that an asynchronous caller would rather not wait
+// for at issue.
+const inlineBytes = 4 << 10
+
+// inline reports whether the op is small enough for submit to progress
+// it at issue (inlineBytes over its host buffers).
+func (p *plan) inline() bool {
+	n := 0
+	for _, bs := range p.pins {
+		n += len(bs)
+	}
+	return n <= inlineBytes
+}
+
 // errKind maps a UCC init or post failure to the sentinel it wraps.
 func errKind(err error) error {
 	var ue *Error
@@ -157,10 +174,21 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	}
 	w.enq = b.now()
 	var perr error
+	live := len(w.reqs)
 	if len(p.descs) > 0 {
 		// Init and post in one crossing (gu_coll_start): an op costs one
-		// cgo call to issue, as a C caller's two library calls do.
-		if st := C.gu_coll_start(b.team, &p.descs[0], C.int(len(p.descs)), &w.reqs[0], &w.at, &w.post); st < 0 {
+		// cgo call to issue, as a C caller's two library calls do. A small
+		// op is progressed once there too (inline): when the peers posted
+		// theirs first, it is done before Wait, which then costs no
+		// crossing.
+		var pctx C.uintptr_t
+		if len(w.deps) == 0 && p.inline() {
+			pctx = b.ctx
+		}
+		st := C.gu_coll_start(b.team, &p.descs[0], C.int(len(p.descs)), &w.reqs[0], &w.at, &w.post, pctx, &w.cerr)
+		if st >= 0 {
+			live = int(st)
+		} else {
 			if w.post == 0 {
 				w.pin.Unpin()
 				err := &Error{Call: "ucc_collective_init", Status: int(st)}
@@ -174,16 +202,15 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 			w.fail(perr)
 		}
 	}
-	w.live = len(w.reqs)
-	if len(w.reqs) == 0 && len(w.deps) == 0 {
-		w.pin.Unpin()
+	w.live = min(live, len(w.reqs))
+	w.noteErr()
+	if w.live == 0 && len(w.deps) == 0 {
+		// Nothing posted, or all of it done inline: complete now (after,
+		// the unpin, a UCC failure's error), without the pending list.
+		w.testLocked()
 		if perr != nil {
 			return nil, perr
 		}
-		if w.after != nil {
-			w.after()
-		}
-		w.complete(w.outputs, nil)
 		return w, nil
 	}
 	b.pending = append(b.pending, w)

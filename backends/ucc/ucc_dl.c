@@ -171,7 +171,11 @@ int gu_coll_finalize(uintptr_t req) { return p_ucc_collective_finalize((req_h)re
 // that fails finalises the ones before it (nothing is posted): *at is its
 // index, *posting 0. A post that fails finalises it and the ones after it
 // (zeroed; the ones before stay posted): *at is its index, *posting 1.
-int gu_coll_start(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *at, int *posting) {
+// Once all are posted it returns how many are in progress: n, or with
+// ctx nonzero (progress inline) what gu_reap leaves (failures into *err),
+// with one ucc_context_progress between two reaps when the first leaves
+// any. Failures are negative.
+int gu_coll_start(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *at, int *posting, uintptr_t ctx, int *err) {
 	*at = -1;
 	*posting = 0; // failures are negative statuses, as result() in lib.go reads them
 	for (int i = 0; i < n; i++) {
@@ -198,7 +202,15 @@ int gu_coll_start(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int 
 			return st;
 		}
 	}
-	return GU_OK;
+	if (ctx) {
+		// First a test alone: an op UCC finished in its post (one rank,
+		// or the peers' data already in) needs no progress round.
+		int busy = gu_reap(reqs, n, err);
+		if (busy == 0) return 0;
+		p_ucc_context_progress((ctx_h)ctx);
+		return gu_reap(reqs, n, err);
+	}
+	return n;
 }
 
 // gu_reap tests the n requests (0: finalised before), finalises the ones

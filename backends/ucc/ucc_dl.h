@@ -158,7 +158,7 @@ int gu_coll_init(uintptr_t team, const gu_desc *d, uintptr_t *req);
 int gu_coll_post(uintptr_t req);
 int gu_coll_test(uintptr_t req);
 int gu_coll_finalize(uintptr_t req);
-int gu_coll_start(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *at, int *posting);
+int gu_coll_start(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *at, int *posting, uintptr_t ctx, int *err);
 int gu_reap(uintptr_t *reqs, int n, int *err);
 int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, int64_t spin_ns, int yield);
 int gu_raw_allreduce(uintptr_t team, uintptr_t ctx, uintptr_t buf, uint64_t count, int64_t iters);
