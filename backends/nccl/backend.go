@@ -209,6 +209,12 @@ type comm struct {
 	// higher, which is what lets the watchdog retire a stream's works up
 	// to its newest completed one with a single query.
 	launches uint64
+	// recent holds the last ringSize works of launchOne, by launch number,
+	// and probedTo the launch number up to which a probe retired them
+	// (retire.go). Under mu.
+	recent   [ringSize]*Work
+	probedTo uint64
+	made     int          // events created for the pools, under mu (tests)
 	scratch  *cuda.Buffer // one element for barrier
 
 	aborted atomic.Bool
@@ -233,6 +239,7 @@ func (c *comm) event(timing bool) (*cuda.Event, error) {
 		if err != nil {
 			return nil, err
 		}
+		c.made += len(evs)
 		*pool = append(*pool, evs...)
 	}
 	n := len(*pool)

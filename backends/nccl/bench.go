@@ -122,6 +122,7 @@ var callSlots = [...]string{"clock", "ctx-check", "record-sync", "wait-sync", "c
 // callsBench is the state of driverCalls across batches: the sync events
 // of mode 1 and the words of mode 2, made once, and the next word value.
 type callsBench struct {
+	nsync   int // sync events of mode 1 (0: 64)
 	syncEvs []*cuda.Event
 	words   *cuda.HostBuffer
 	base    uint32
@@ -151,7 +152,7 @@ func (b *Backend) driverCalls(ctx context.Context, t *tensor.Tensor, s *cuda.Str
 		return err
 	}
 	if cb.syncEvs == nil {
-		if cb.syncEvs, err = c.dev.NewEvents(64, false); err != nil {
+		if cb.syncEvs, err = c.dev.NewEvents(max(cb.nsync, 64), false); err != nil {
 			return err
 		}
 		if cb.words, err = c.dev.HostAlloc(256, cuda.HostDeviceMap|cuda.HostPortable); err != nil {

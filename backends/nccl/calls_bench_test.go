@@ -15,7 +15,9 @@ import (
 // queue drained between batches. Each metric is host ns per op of one call
 // with the clock read it carries; "clock" is that read alone, to subtract.
 // events is the backend's design; events-rotating records a different sync
-// event each op; memops orders the streams with cuStreamWriteValue32 /
+// event each op, of 64 in turn (of 65536 in events-rotating-65536: the
+// pool's size when events come back only at the watchdog's rounds, each
+// record then on a cold event); memops orders the streams with cuStreamWriteValue32 /
 // cuStreamWaitValue32 on device-mapped host words instead of events, and
 // its query-end is a host load of the end word.
 func BenchmarkDriverCalls(b *testing.B) {
@@ -26,9 +28,13 @@ func BenchmarkDriverCalls(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer x.Free()
-	for mode, name := range []string{"events", "events-rotating", "memops"} {
-		b.Run(name, func(b *testing.B) {
-			var cb callsBench
+	for _, v := range []struct {
+		name        string
+		mode, nsync int
+	}{{"events", 0, 0}, {"events-rotating", 1, 64}, {"events-rotating-65536", 1, 65536}, {"memops", 2, 0}} {
+		mode := v.mode
+		b.Run(v.name, func(b *testing.B) {
+			cb := callsBench{nsync: v.nsync}
 			defer cb.free()
 			var ns [len(callSlots)]int64
 			drain := func() {

@@ -180,9 +180,19 @@ func (b *Backend) launchOne(ctx context.Context, c *comm, w *Work, cur *cuda.Str
 	r := C.gn_issue(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(w.stream.Handle()), C.uintptr_t(cur.Handle()),
 		C.uintptr_t(syncEv), C.uintptr_t(eventHandle(w.start)), C.uintptr_t(end.Handle()), k.kind,
 		C.uintptr_t(k.send), C.uintptr_t(k.recv), C.size_t(k.count), k.dt, k.op, C.uint64_t(k.scalar), C.int(k.root))
+	var probe *Work
+	if r == 0 && !c.nb {
+		// Issued, its end event recorded, not captured: early retirement
+		// may probe or complete it (retire.go).
+		c.remember(w)
+		probe = c.probeFor(w)
+	}
 	c.mu.Unlock()
 	if err := result(opCallName(k.kind), r); err != nil {
 		return false, err
+	}
+	if probe != nil {
+		c.retireBefore(probe)
 	}
 	if r&^C.GN_CAPTURING == ncclInProgress {
 		// Nonblocking communicator: the launch finishes in the background;

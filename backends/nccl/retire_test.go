@@ -1,0 +1,147 @@
+package nccl
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// TestEarlyRetire: with the watchdog out of the way (an interval of an
+// hour) and no query by the caller, a loop of async op + Wait, the stream
+// drained every 256 ops, recycles its end events through the issue path's
+// probes: 4096 ops make at most a few batches of events, where without
+// early retirement each op takes a new one. Both modes: the internal
+// stream and the current stream.
+func TestEarlyRetire(t *testing.T) {
+	for _, cur := range []bool{false, true} {
+		t.Run(fmt.Sprintf("current-stream=%v", cur), func(t *testing.T) {
+			o := testOpts()
+			o.WatchdogInterval = time.Hour
+			o.AsyncOnCurrentStream = cur
+			e := newRanks(t, 1, o)[0]
+			x, err := ones(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer x.Free()
+			const ops = 4096
+			var first backend.Work
+			for i := range ops {
+				w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if i == 0 {
+					first = w
+				}
+				if err := w.Wait(e.ctx); err != nil {
+					t.Fatal(err)
+				}
+				if i%256 == 255 {
+					if err := e.cur.Synchronize(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			c := e.b.loadComm(0)
+			c.mu.Lock()
+			made := c.made
+			c.mu.Unlock()
+			if made > 8*64 {
+				t.Fatalf("%d ops made %d events: the issue path did not recycle them", ops, made)
+			}
+			if !first.(*Work).done.Load() {
+				t.Fatal("the first op is not marked complete after 4095 later ops on its stream and no query of its own")
+			}
+			t.Logf("%d ops, %d events made", ops, made)
+		})
+	}
+}
+
+// TestEarlyRetireNeverEarly: behind a closed gate nothing runs, so however
+// many ops are issued (probes included), none is marked complete; once the
+// gate opens they all complete, with the right result.
+func TestEarlyRetireNeverEarly(t *testing.T) {
+	for _, cur := range []bool{false, true} {
+		t.Run(fmt.Sprintf("current-stream=%v", cur), func(t *testing.T) {
+			o := testOpts()
+			o.WatchdogInterval = time.Hour
+			o.AsyncOnCurrentStream = cur
+			e := newRanks(t, 1, o)[0]
+			x, err := e.fill(tensor.Float32, 4, func(int) float64 { return 1 })
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer x.Free()
+			// The pool holds what the loop needs before the gate closes
+			// (no device-wide call, such as creating events, while held).
+			for range 512 {
+				w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				w.Wait(e.ctx)
+			}
+			if err := e.cur.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			// Events for the held ops, made now: nothing but stream-ordered
+			// calls while the gate is closed.
+			c := e.b.loadComm(0)
+			c.mu.Lock()
+			for len(c.free) < 256 {
+				evs, err := c.dev.NewEvents(64, false)
+				if err != nil {
+					c.mu.Unlock()
+					t.Fatal(err)
+				}
+				c.free = append(c.free, evs...)
+			}
+			c.mu.Unlock()
+			held := e.cur
+			if !cur {
+				if held, err = e.b.Stream(e.ctx, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g, err := e.dev.NewGate()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Free()
+			defer g.Open()
+			if err := g.Hold(held); err != nil {
+				t.Fatal(err)
+			}
+			var ws []backend.Work
+			for range 200 {
+				w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ws = append(ws, w)
+			}
+			for i, w := range ws {
+				if w.(*Work).done.Load() {
+					t.Fatalf("op %d of 200 marked complete behind a closed gate", i)
+				}
+			}
+			g.Open()
+			wctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			for _, w := range ws {
+				if err := w.WaitHost(wctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// SUM at world 1 leaves 1s.
+			if err := e.expect(x, func(int) float64 { return 1 }); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
