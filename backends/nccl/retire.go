@@ -1,5 +1,7 @@
 package nccl
 
+import "github.com/gocoll/gocoll/cuda"
+
 // Early retirement on the issue path. The end events of completed works go
 // back to the pool only once something sees them complete: the watchdog,
 // every WatchdogInterval (100 ms), or a caller's query. A loop that issues
@@ -11,7 +13,7 @@ package nccl
 // same stream; once that one is complete, every work of the ring launched
 // before it on that stream is too (a stream runs its work in order, the
 // watchdog's rule), and they complete without a query of their own, their
-// events back in the pool. One query per probeEvery ops; the watchdog
+// events back in the pool in one hand-over. One query per probeEvery ops; the watchdog
 // still sees every work (a finished one it drops, its stash released at
 // the next op as before).
 
@@ -60,9 +62,14 @@ func (c *comm) retireBefore(p *Work) {
 		}
 	}
 	c.mu.Unlock()
+	var ebuf [2 * ringSize]*cuda.Event
+	evs := ebuf[:0]
 	for _, q := range olds {
 		if !q.finished.Load() {
-			q.completeInOrder()
+			evs = q.completeInOrderTo(evs)
 		}
+	}
+	if len(evs) > 0 {
+		c.putEvents(evs...)
 	}
 }

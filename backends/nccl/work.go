@@ -165,14 +165,45 @@ func (w *Work) completeInOrder() bool {
 	return true
 }
 
-// completeLocked marks success, keeps the duration and recycles the events.
-func (w *Work) completeLocked() {
+// completeInOrderTo is completeInOrder that appends w's events to evs for
+// the caller to return to the pool, all at once, instead of returning them
+// itself.
+func (w *Work) completeInOrderTo(evs []*cuda.Event) []*cuda.Event {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.finished.Load() {
+		return evs
+	}
+	w.noteDurationLocked()
+	if w.end != nil {
+		evs = append(evs, w.end)
+		if w.start != nil {
+			evs = append(evs, w.start)
+		}
+		w.end, w.start = nil, nil
+	}
+	w.markDoneLocked()
+	return evs
+}
+
+// noteDurationLocked keeps the op's device time, with EnableTiming.
+func (w *Work) noteDurationLocked() {
 	if w.timing && w.start != nil {
 		if d, err := cuda.ElapsedTime(w.start, w.end); err == nil {
 			w.dur = d
 		}
 	}
+}
+
+// completeLocked marks success, keeps the duration and recycles the events.
+func (w *Work) completeLocked() {
+	w.noteDurationLocked()
 	w.recycleLocked()
+	w.markDoneLocked()
+}
+
+// markDoneLocked records success, once the events are dealt with.
+func (w *Work) markDoneLocked() {
 	w.done.Store(true)
 	w.finished.Store(true)
 	if w.fut != nil {
