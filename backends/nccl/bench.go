@@ -192,3 +192,35 @@ func (b *Backend) driverCalls(ctx context.Context, t *tensor.Tensor, s *cuda.Str
 	}
 	return nil
 }
+
+// issueLoop is the Go side of BenchmarkIssueCrossing: iters calls of
+// gn_issue from a Go loop, one cgo crossing each and no other Go work, with
+// the arguments of a current-stream async allreduce of t in place on s
+// (no sync event, one end event re-recorded). What it costs above the C
+// loop of the same calls (FloorAllreduceCurrentStream) is the crossing;
+// what the backend costs above it is the backend's Go.
+func (b *Backend) issueLoop(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) error {
+	c, err := b.getComm(ctx, t.Device().Index)
+	if err != nil {
+		return err
+	}
+	dt, err := ncclType(t.DType())
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	end, err := c.event(false)
+	if err != nil {
+		return err
+	}
+	defer c.putEvents(end)
+	for range iters {
+		r := C.gn_issue(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), C.uintptr_t(s.Handle()), 0, 0,
+			C.uintptr_t(end.Handle()), C.GN_ALLREDUCE, C.uintptr_t(t.Ptr()), C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, 0, 0, 0)
+		if err := result("ncclAllReduce", r); err != nil {
+			return err
+		}
+	}
+	return nil
+}

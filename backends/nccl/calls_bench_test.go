@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -65,6 +66,68 @@ func BenchmarkDriverCalls(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(sum)/float64(b.N), "floor-ns/op")
+		})
+	}
+}
+
+// BenchmarkIssueCrossing splits the host cost of a current-stream async
+// allreduce + Wait (Options.AsyncOnCurrentStream; world 1, 1 element, in
+// batches of 256 with the stream drained between batches, untimed):
+// c-loop makes its driver calls and NCCL's from a C loop
+// (FloorAllreduceCurrentStream); go-cgo makes the same calls through one
+// cgo crossing per op from a Go loop that does nothing else (issueLoop);
+// backend is the backend's Allreduce + Wait. go-cgo minus c-loop is the
+// crossing (and the colder caches a crossing brings); backend minus go-cgo
+// is the backend's own Go.
+func BenchmarkIssueCrossing(b *testing.B) {
+	o := testOpts()
+	o.AsyncOnCurrentStream = true
+	e := newRanks(b, 1, o)[0]
+	x, err := cuda.Zeros(e.ctx, e.r, tensor.Float32, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer x.Free()
+	xs := []*tensor.Tensor{x}
+	async := backend.AllreduceOptions{Async: true}
+	variants := []struct {
+		name string
+		run  func(n int) error
+	}{
+		{"c-loop", func(n int) error { _, err := e.b.FloorAllreduceCurrentStream(e.ctx, x, e.cur, n); return err }},
+		{"go-cgo", func(n int) error { return e.b.issueLoop(e.ctx, x, e.cur, n) }},
+		{"backend", func(n int) error {
+			for range n {
+				w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), xs, async)
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(e.ctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+	}
+	for _, v := range variants {
+		b.Run(v.name, func(b *testing.B) {
+			if err := v.run(256); err != nil { // warm up
+				b.Fatal(err)
+			}
+			if err := e.cur.Synchronize(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for k := 0; k < b.N; k += 256 {
+				if err := v.run(min(256, b.N-k)); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if err := e.cur.Synchronize(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
 		})
 	}
 }

@@ -102,8 +102,10 @@ func TestEarlyRetireNeverEarly(t *testing.T) {
 				c.free = append(c.free, evs...)
 			}
 			c.mu.Unlock()
+			// The stream the ops run on (the option's variable can turn the
+			// mode on over the field).
 			held := e.cur
-			if !cur {
+			if !e.b.opts.AsyncOnCurrentStream {
 				if held, err = e.b.Stream(e.ctx, 0); err != nil {
 					t.Fatal(err)
 				}
