@@ -147,3 +147,63 @@ func TestEarlyRetireNeverEarly(t *testing.T) {
 		})
 	}
 }
+
+// TestStashReleasedWithoutWait: an async op that is never waited on keeps
+// its tensors stashed until the watchdog sees it complete; the watchdog
+// then hands the stash over, and the next op releases it (PyTorch's
+// workEnqueue). Nothing is left stashed.
+func TestStashReleasedWithoutWait(t *testing.T) {
+	o := testOpts()
+	o.WatchdogInterval = 10 * time.Millisecond
+	e := newRanks(t, 1, o)[0]
+	x, err := ones(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Free()
+	w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wk := w.(*Work)
+	stashed := func() int {
+		wk.mu.Lock()
+		defer wk.mu.Unlock()
+		return wk.nstash + len(wk.more)
+	}
+	if n := stashed(); n != 1 {
+		t.Fatalf("%d tensors stashed, want 1", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := w.WaitHost(ctx); err != nil {
+		t.Fatal(err)
+	}
+	handed := func() int {
+		e.b.mu.Lock()
+		defer e.b.mu.Unlock()
+		return len(e.b.unstash)
+	}
+	// The watchdog takes the stash, then hands it over: wait for both.
+	for deadline := time.Now().Add(5 * time.Second); stashed() != 0 || handed() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the watchdog did not hand over the stash of a completed, unwaited op (stashed %d, handed %d)", stashed(), handed())
+		}
+	}
+	if n := handed(); n != 1 {
+		t.Fatalf("%d retainers handed over for release, want 1", n)
+	}
+	w2, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.b.mu.Lock()
+	left := len(e.b.unstash)
+	e.b.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d retainers still waiting for release after the next op", left)
+	}
+	if err := w2.Wait(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+}

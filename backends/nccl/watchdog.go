@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/internal/watch"
 	"github.com/gocoll/gocoll/store"
 )
@@ -94,6 +95,7 @@ func (b *Backend) watchdog() {
 	t := time.NewTicker(b.opts.WatchdogInterval)
 	defer t.Stop()
 	var scratch, freed []*Work
+	var rel []cuda.Retainer
 	// Streams whose oldest pending work is still running this round. A
 	// stream runs its work in order, so nothing behind that work can have
 	// finished: one event query per busy stream, not one per pending work
@@ -171,12 +173,23 @@ func (b *Backend) watchdog() {
 		// kernels may still run. The completed ones' stashes are released
 		// at the next op.
 		b.retireLocked()
+		b.mu.Unlock()
+		// Outside b.mu: a round can free a hundred thousand works, and
+		// taking each one's lock under b.mu held every op's enqueue for
+		// milliseconds. Wait takes the stash under w.mu too; whoever comes
+		// first releases it.
+		rel = rel[:0]
 		for _, w := range freed {
 			w.mu.Lock()
-			b.unstash = append(b.unstash, w.takeStash()...)
+			rel = w.appendStash(rel)
 			w.mu.Unlock()
 		}
-		b.mu.Unlock()
+		if len(rel) > 0 {
+			b.mu.Lock()
+			b.unstash = append(b.unstash, rel...)
+			b.mu.Unlock()
+			clear(rel)
+		}
 		clear(scratch)
 		clear(freed)
 	}
