@@ -6,6 +6,7 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/coll"
+	"github.com/gocoll/gocoll/internal/opcheck"
 	"github.com/gocoll/gocoll/internal/reduce"
 	"github.com/gocoll/gocoll/internal/tcpmesh"
 	"github.com/gocoll/gocoll/tensor"
@@ -685,14 +686,7 @@ func (b *Backend) MonitoredBarrier(ctx context.Context, m backend.Meta, opts bac
 // the wrong type. count is the op's element count, the same on every rank
 // (negative: the ranks' counts may differ, as in all-to-all).
 func fingerprint(op backend.Op, dt tensor.DType, r *backend.ReduceOp, count int) tcpmesh.Fingerprint {
-	fp := tcpmesh.Fingerprint{Op: uint8(op) + 1, DType: uint8(dt), Count: uint64(count)}
-	if count < 0 {
-		fp.Count = tcpmesh.AnyCount
-	}
-	if r != nil {
-		fp.ReduceOp = uint8(r.Type) + 1
-	}
-	return fp
+	return opcheck.Of(op, dt, r, count)
 }
 
 // numel is the element count of a list of tensors.
