@@ -144,6 +144,7 @@ type Backend struct {
 	pending []*work // posted, not yet finished by UCC, in post order
 	stopped error   // ErrClosed or the abort error; later ops fail with it
 	wd      *watch.Watchdog[*work]
+	fp      *fpGate // the fingerprint check (fingerprint.go); nil when off
 
 	// driving counts the goroutines progressing UCC from Wait (drive.go);
 	// posting counts the submits waiting for mu, which the drivers let in.
@@ -212,6 +213,9 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		// What UCC made stays: its destroy calls need the peers' progress.
 		return nil, &backend.OpError{Op: "init", Rank: cfg.Rank, Backend: Name, Kind: backend.ErrUnavailable, Err: err}
 	}
+	if err := b.fpSetup(ctx); err != nil {
+		return nil, &backend.OpError{Op: "init", Rank: cfg.Rank, Backend: Name, Kind: backend.ErrUnavailable, Err: err}
+	}
 	go b.progress()
 	return b, nil
 }
@@ -269,6 +273,7 @@ func (b *Backend) Capabilities() backend.Capabilities {
 		BitwiseReductions: true,
 		Timing:            true,
 		UnevenSizes:       true,
+		MismatchChecks:    b.fp != nil,
 	}
 }
 
@@ -324,6 +329,7 @@ func (b *Backend) Close(ctx context.Context) error {
 		C.gu_context_progress(b.ctx)
 		time.Sleep(100 * time.Microsecond)
 	}
+	b.fpCloseLocked()
 	C.gu_context_destroy(b.ctx)
 	C.gu_finalize(b.lib)
 	b.oobH.Delete()
@@ -509,6 +515,7 @@ func (b *Backend) progress() {
 // that finishes within a tick costs the watchdog nothing). Their issue
 // time is kept, so their timeouts count from issue.
 func (b *Backend) watchLocked() {
+	b.fpTickLocked()
 	for _, w := range b.pending {
 		if !w.watched && w.timeout > 0 && !w.IsCompleted() {
 			b.wd.Enqueue(w, "team", b.born.Add(w.enq), w.timeout)
@@ -520,6 +527,7 @@ func (b *Backend) watchLocked() {
 // reapLocked tests the pending works' requests, finalises what UCC has
 // finished and completes those works. It returns how many it finished.
 func (b *Backend) reapLocked() int {
+	b.fpStepLocked()
 	n := 0
 	live := b.pending[:0]
 	for _, w := range b.pending {
@@ -592,7 +600,9 @@ func (b *Backend) failureError(f *watch.Failure[*work]) *backend.OpError {
 	}
 	e.Kind, e.Timeout = backend.ErrTimeout, w.timeout
 	var parts []string
-	if b.cfg.Desync != nil && w.seq > 0 {
+	if ranks, sentence, ok := b.fpTimeout(w); ok {
+		e.Ranks, parts = ranks, append(parts, sentence)
+	} else if b.cfg.Desync != nil && w.seq > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), storeBound)
 		late, sentence := b.cfg.Desync(ctx, w.op, w.seq)
 		cancel()

@@ -26,6 +26,7 @@ func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tens
 		return nil, err
 	}
 	p := b.plan(backend.OpBroadcast, m, tensors)
+	p.print(tensors[opts.RootTensor].DType(), nil, tensors[opts.RootTensor].Numel(), opts.RootRank)
 	src := bufs[opts.RootTensor]
 	if len(src) > 0 {
 		p.add(C.gu_desc{coll_type: collBcast, root: cu(opts.RootRank), dt: C.uint64_t(dtBytes), src: p.buf(src), src_count: cu(len(src))})
@@ -62,6 +63,7 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 		return nil, err
 	}
 	p := b.plan(backend.OpAllreduce, m, tensors)
+	p.print(tensors[0].DType(), &opts.ReduceOp, tensors[0].Numel(), -1)
 	buf := r.combineLocal(r.ins(bufs), 0)
 	p.allreduce(r, buf)
 	p.after = func() {
@@ -93,6 +95,7 @@ func (b *Backend) allreduceOne(ctx context.Context, m backend.Meta, t *tensor.Te
 		return nil, nil, false
 	}
 	p := b.plan(backend.OpAllreduce, m, nil)
+	p.print(t.DType(), &opts.ReduceOp, t.Numel(), -1)
 	p.outputs = p.w.one[:]
 	p.w.one[0] = t
 	p.allreduce(r, t.Bytes())
@@ -108,6 +111,7 @@ func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensor
 		return nil, err
 	}
 	p := b.plan(backend.OpAllreduceCoalesced, m, tensors)
+	p.print(tensors[0].DType(), &opts.ReduceOp, fpCount(tensors), -1)
 	ws := r.ins(bufs)
 	for _, buf := range ws {
 		if r.k.Pre != nil {
@@ -131,6 +135,7 @@ func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.
 		return nil, err
 	}
 	p := b.plan(backend.OpReduce, m, tensors)
+	p.print(tensors[0].DType(), &opts.ReduceOp, tensors[opts.RootTensor].Numel(), opts.RootRank)
 	buf := r.combineLocal(r.ins(bufs), opts.RootTensor)
 	root := b.cfg.Rank == opts.RootRank
 	if len(buf) > 0 {
@@ -188,6 +193,7 @@ func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*te
 		return nil, err
 	}
 	p := b.plan(backend.OpAllgather, m, outputs[0])
+	p.print(inputs[0].DType(), nil, fpCount(outputs[0]), -1)
 	p.after = p.allgather(ins[0], outs)
 	return b.submit(ctx, p)
 }
@@ -199,6 +205,7 @@ func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, outpu
 		return nil, err
 	}
 	p := b.plan(backend.OpAllgatherIntoTensor, m, []*tensor.Tensor{output})
+	p.print(input.DType(), nil, output.Numel(), -1)
 	p.intoTensor(bufs[1], bufs[0])
 	return b.submit(ctx, p)
 }
@@ -221,6 +228,7 @@ func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, output
 		return nil, b.args.Invalid(backend.OpAllgatherCoalesced, m, "one output list per input")
 	}
 	p := b.plan(backend.OpAllgatherCoalesced, m, flat(outputs))
+	p.print(fpDType(inputs), nil, fpCount(flat(outputs)), -1)
 	var afters []func()
 	for i, in := range ins {
 		outs, err := b.args.Host(backend.OpAllgatherCoalesced, m, outputs[i]...)
@@ -253,6 +261,7 @@ func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Me
 		return nil, b.args.Invalid(backend.OpAllgatherIntoTensorCoalesced, m, "as many outputs as inputs")
 	}
 	p := b.plan(backend.OpAllgatherIntoTensorCoalesced, m, outputs)
+	p.print(fpDType(inputs), nil, fpCount(outputs), -1)
 	for i := range ins {
 		p.intoTensor(ins[i], outs[i])
 	}
@@ -302,6 +311,7 @@ func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*
 		return nil, err
 	}
 	p := b.plan(backend.OpReduceScatter, m, outputs)
+	p.print(outputs[0].DType(), &opts.ReduceOp, fpCount(inputs[0]), -1)
 	src, sizes := pack(ins)
 	src = r.in(src)
 	for i := range sizes {
@@ -348,6 +358,7 @@ func (b *Backend) reduceScatterTensors(ctx context.Context, op backend.Op, m bac
 	}
 	p := b.plan(op, m, outputs)
 	var afters []func()
+	p.print(fpDType(outputs), &rop, fpCount(inputs), -1)
 	for i := range ins {
 		sizes := make([]int, b.cfg.WorldSize)
 		for j := range sizes {
@@ -381,6 +392,7 @@ func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tenso
 		return nil, err
 	}
 	p := b.plan(backend.OpAlltoall, m, outputs)
+	p.print(fpDType(inputs), nil, -1, -1) // the ranks' counts differ legitimately
 	src, inSizes := pack(ins)
 	dst, outSizes := pack(outs)
 	p.alltoallv(src, inSizes, dst, outSizes)
@@ -405,6 +417,7 @@ func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tens
 	}
 	out, in := bufs[0], bufs[1]
 	p := b.plan(backend.OpAlltoallBase, m, []*tensor.Tensor{output})
+	p.print(input.DType(), nil, -1, -1)
 	if opts.InputSplitSizes == nil && opts.OutputSplitSizes == nil {
 		if len(in) > 0 || len(out) > 0 {
 			p.add(C.gu_desc{coll_type: collAlltoall, dt: C.uint64_t(dtBytes), src: p.buf(in), src_count: cu(len(in)),
@@ -458,6 +471,7 @@ func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tenso
 		outTs = outputs[0]
 	}
 	p := b.plan(backend.OpGather, m, outTs)
+	p.print(inputs[0].DType(), nil, inputs[0].Numel(), opts.RootRank)
 	in := ins[0]
 	if len(in) > 0 {
 		// Every rank gives UCC a full-size destination: the tree's inner
@@ -483,6 +497,7 @@ func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor
 	}
 	out := outs[0]
 	p := b.plan(backend.OpScatter, m, outputs)
+	p.print(outputs[0].DType(), nil, outputs[0].Numel(), opts.RootRank)
 	if len(out) == 0 {
 		return b.submit(ctx, p)
 	}
@@ -510,6 +525,7 @@ func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor
 // only once every work issued before it has completed too.
 func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.BarrierOptions) (backend.Work, error) {
 	p := b.plan(backend.OpBarrier, m, nil)
+	p.print(0, nil, 0, -1)
 	p.barrier = true
 	p.add(C.gu_desc{coll_type: collBarrier})
 	return b.submit(ctx, p)

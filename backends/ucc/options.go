@@ -16,6 +16,8 @@ const (
 	EnvMaxPark = "GOCOLL_UCC_MAX_PARK_US"
 	// EnvYield sets Options.Yield: auto, always or never.
 	EnvYield = "GOCOLL_UCC_YIELD"
+	// EnvFingerprints sets Options.Fingerprints.
+	EnvFingerprints = "GOCOLL_UCC_FINGERPRINTS"
 	// EnvLocalWorldSize is torchrun's count of the ranks on this host,
 	// which Options.Yield's auto compares with the cores.
 	EnvLocalWorldSize = "LOCAL_WORLD_SIZE"
@@ -69,6 +71,12 @@ type Options struct {
 	// progress goroutine does not spin either (PollSpin is taken as
 	// negative).
 	Yield string
+	// Fingerprints is the check of the ops' fingerprints before UCC sees
+	// them (fingerprint.go): "auto" (the default) carries them in shared
+	// memory when every rank is on one host, else over a TCP side channel;
+	// "shm" or "tcp" force one; "off" posts ops to UCC at issue, unchecked
+	// (GOCOLL_UCC_FINGERPRINTS).
+	Fingerprints string
 }
 
 func field(name string) string { return "ucc.Options." + name }
@@ -80,6 +88,8 @@ var (
 		Parse: knob.Units(time.Microsecond), Check: knob.Positive[time.Duration]}
 	knobYield = knob.Knob[string]{Field: field("Yield"), Env: []string{EnvYield}, Default: YieldAuto,
 		Check: knob.OneOf(YieldAuto, YieldAlways, YieldNever)}
+	knobFingerprints = knob.Knob[string]{Field: field("Fingerprints"), Env: []string{EnvFingerprints}, Default: FingerprintsAuto,
+		Check: knob.OneOf(FingerprintsAuto, FingerprintsShm, FingerprintsTCP, FingerprintsOff)}
 )
 
 // optionsOf reads backend.Config.Options.
@@ -108,6 +118,9 @@ func resolveOptions(o Options, groupTimeout time.Duration, env knob.Env) (Option
 	}
 	if err == nil {
 		o.Yield, err = knobYield.Resolve(env, o.Yield)
+	}
+	if err == nil {
+		o.Fingerprints, err = knobFingerprints.Resolve(env, o.Fingerprints)
 	}
 	if err == nil {
 		def := groupTimeout

@@ -173,6 +173,9 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 		}
 	}
 	w.enq = b.now()
+	if b.fp != nil && (w.fpw.on || len(b.fp.q) > 0) {
+		return b.fpSubmitLocked(p)
+	}
 	var perr error
 	live := len(w.reqs)
 	if len(p.descs) > 0 {

@@ -50,6 +50,7 @@ type work struct {
 	at    C.int   // gu_coll_start's report: which collective failed,
 	post  C.int   // and whether in its post
 	deps  []*work // a barrier's earlier works
+	fpw   fpWork  // its part in the fingerprint check (fingerprint.go); b.mu
 	pin   runtime.Pinner
 	pinv  [1][]byte         // plan.pins' first element: no allocation for one buffer
 	descv [1]C.gu_desc      // plan.descs', likewise
@@ -112,7 +113,7 @@ func (w *work) doneCh() chan struct{} {
 // the work has left UCC (and its barrier dependencies are complete); it
 // then completes the work, unless it failed before. b.mu is held.
 func (w *work) testLocked() bool {
-	if w.reap() {
+	if w.fpw.held || w.reap() {
 		return false
 	}
 	for _, d := range w.deps {

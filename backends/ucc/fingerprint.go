@@ -1,0 +1,272 @@
+package ucc
+
+/*
+#include "ucc_dl.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/opcheck"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// The fingerprint check of the ops (fpboard.go has the board): how an op
+// goes from issue to UCC when it is on.
+//
+// At issue (submit, under b.mu) an op of the whole group gets the next
+// number, its collectives are initialised (so that UCC's refusal still
+// comes back at once, as ErrUnsupported), and its fingerprint is
+// published. The op is posted to UCC right there when it is at the head of
+// the queue and every peer's fingerprint of its number is already there
+// and equal (the last rank to issue an op posts it at once); otherwise the
+// work waits in the queue, in b.pending but not in UCC (held), and every
+// round of the progress loop (reapLocked: the progress goroutine, or a
+// caller driving its Wait) publishes what has room and posts the head
+// works whose peers agree, in issue order, so that UCC sees every rank's
+// ops in the same order. The caller never blocks at issue.
+//
+// Disagreement fails the work, on every rank, with the verdict's words;
+// the initialised collectives are finalised unposted, every rank's, so
+// UCC's own sequence stays in step and the group works on. An op UCC
+// refuses at init on one rank is published as refused, and the peers fail
+// it too, instead of posting an op that rank will never post. Point to
+// point ops (two-rank active sets) carry no fingerprint, but queue behind
+// a held op to keep the order.
+//
+// A held work is watched like a posted one: past its timeout it fails
+// with ErrTimeout naming the peers whose fingerprints never came, and a
+// peer whose process has exited (shm) or whose side channel broke (tcp)
+// fails it at the next watchdog tick with ErrRemote naming that peer.
+type fpGate struct {
+	board      fpBoard
+	rank, size int
+	next       uint64  // numbers given out
+	pub        uint64  // numbers published (in order)
+	chk        uint64  // numbers checked: their works left the queue
+	q          []*work // the works not yet through, in issue order
+}
+
+// fpWork is a work's part in the check.
+type fpWork struct {
+	on      bool // the op has a fingerprint (slot); false: point to point
+	held    bool // initialised, not yet posted: UCC has not seen it
+	refused bool // UCC refused it at init; queued only to be published
+	seq     uint64
+	slot    fpSlot
+}
+
+// print gives the plan's op its fingerprint: op, dtype, reduce op (nil:
+// none), element count (negative: not compared) and root (-1: none).
+func (p *plan) print(dt tensor.DType, r *backend.ReduceOp, count, root int) {
+	p.w.fpw = fpWork{on: true, slot: fpSlot{fp: opcheck.Of(p.op, dt, r, count), root: int32(root)}}
+}
+
+// fpSubmitLocked is submit's tail while the check is on, for an op with a
+// fingerprint or one that queues behind one. b.mu is held; the work's
+// buffers are pinned and its deps and enq set.
+func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
+	g, w := b.fp, p.w
+	if w.fpw.on {
+		w.fpw.seq = g.next
+		g.next++
+	}
+	for i := range p.descs {
+		if st := C.gu_coll_init(b.team, &p.descs[i], &w.reqs[i]); st < 0 {
+			for j := range i {
+				C.gu_coll_finalize(w.reqs[j])
+				w.reqs[j] = 0
+			}
+			w.pin.Unpin()
+			err := &Error{Call: "ucc_collective_init", Status: int(st)}
+			oe := &backend.OpError{Op: p.op.String(), Seq: p.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err,
+				Detail: fmt.Sprintf("collective %d of %d of the op", i+1, len(p.descs))}
+			if w.fpw.on {
+				// The peers must hear of it, or they would post an op
+				// this rank never posts.
+				w.fpw.refused, w.fpw.slot.refused = true, refusedCode(oe)
+				g.q = append(g.q, w)
+				b.fpStepLocked()
+			}
+			return nil, oe
+		}
+	}
+	w.fpw.held = true
+	b.pending = append(b.pending, w)
+	b.npending.Store(int32(len(b.pending)))
+	g.q = append(g.q, w)
+	b.fpStepLocked()
+	if w.fpw.held {
+		b.wake()
+	}
+	return w, nil
+}
+
+// fpStepLocked publishes the queue's fingerprints that have room, then
+// lets the head works through while their checks are done. b.mu is held.
+func (b *Backend) fpStepLocked() {
+	g := b.fp
+	if g == nil || len(g.q) == 0 {
+		return
+	}
+	for _, w := range g.q {
+		if !w.fpw.on || w.fpw.seq < g.pub {
+			continue
+		}
+		if !g.board.post(w.fpw.seq, w.fpw.slot) {
+			break
+		}
+		g.pub++
+	}
+	n := 0
+	for _, w := range g.q {
+		if !b.fpReleaseLocked(w) {
+			break
+		}
+		n++
+	}
+	if n > 0 {
+		clear(g.q[:n])
+		g.q = g.q[n:]
+	}
+}
+
+// fpReleaseLocked lets w, the head of the queue, through if it can go: it
+// posts it, fails it on a mismatch, or drops it (refused at init, or
+// failed meanwhile by a timeout or an abort). It reports whether w left
+// the queue.
+func (b *Backend) fpReleaseLocked(w *work) bool {
+	g := b.fp
+	if w.fpw.on && w.fpw.seq >= g.pub {
+		return false // not yet published: the peers wait for it
+	}
+	if !w.fpw.on {
+		b.fpPostLocked(w)
+		return true
+	}
+	var v fpVerdict
+	if !w.fpw.refused && !w.IsCompleted() {
+		var done bool
+		if v, done = judge(g.board, g.rank, g.size, w.fpw.seq, w.fpw.slot); !done {
+			return false
+		}
+	}
+	g.chk = w.fpw.seq + 1
+	g.board.checked(g.chk)
+	switch {
+	case w.fpw.refused:
+	case w.IsCompleted() || v.kind != nil:
+		b.fpDropLocked(w)
+		if v.kind != nil {
+			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: v.kind, Detail: v.detail, Ranks: v.ranks})
+		}
+	default:
+		b.fpPostLocked(w)
+	}
+	return true
+}
+
+// fpPostLocked posts w's initialised collectives, in order. A post that
+// fails finalises it and the ones after it; the ones before stay posted,
+// as in submit.
+func (b *Backend) fpPostLocked(w *work) {
+	w.fpw.held = false
+	for i := range w.reqs {
+		if st := C.gu_coll_post(w.reqs[i]); st < 0 {
+			for j := i; j < len(w.reqs); j++ {
+				C.gu_coll_finalize(w.reqs[j])
+				w.reqs[j] = 0
+			}
+			w.live = i
+			err := &Error{Call: "ucc_collective_post", Status: int(st)}
+			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err})
+			return
+		}
+	}
+	w.live = len(w.reqs)
+}
+
+// fpDropLocked finalises w's collectives unposted: UCC never sees them.
+// reapLocked then unpins w's buffers and takes it out of b.pending.
+func (b *Backend) fpDropLocked(w *work) {
+	w.fpw.held = false
+	for i, r := range w.reqs {
+		if r != 0 {
+			C.gu_coll_finalize(r)
+			w.reqs[i] = 0
+		}
+	}
+	w.live = 0
+}
+
+// fpTickLocked runs at the watchdog's tick: a held head work whose
+// missing peer is gone fails now, naming it, rather than at its timeout.
+func (b *Backend) fpTickLocked() {
+	g := b.fp
+	if g == nil || len(g.q) == 0 {
+		return
+	}
+	w := g.q[0]
+	if !w.fpw.held || !w.fpw.on || w.IsCompleted() {
+		return
+	}
+	ranks, why := missing(g.board, g.rank, g.size, w.fpw.seq)
+	for _, p := range ranks {
+		if err := g.board.gone(p); err != nil {
+			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrRemote, Ranks: []int{p},
+				Detail: fmt.Sprintf("%s before it published its fingerprint of op %d; UCC never saw the op", strings.Join(why, "; "), w.fpw.seq)})
+			return
+		}
+	}
+}
+
+// fpTimeout is what a held work's timeout says: the peers whose
+// fingerprints never came. ok is false for a work UCC has.
+func (b *Backend) fpTimeout(w *work) (ranks []int, sentence string, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g := b.fp
+	if g == nil || !w.fpw.held || !w.fpw.on {
+		return nil, "", false
+	}
+	ranks, why := missing(g.board, g.rank, g.size, w.fpw.seq)
+	sentence = fmt.Sprintf("ranks %v never published their fingerprints of op %d, so UCC never saw it", ranks, w.fpw.seq)
+	if len(why) > 0 {
+		sentence += " (" + strings.Join(why, "; ") + ")"
+	}
+	return ranks, sentence, true
+}
+
+// fpDType is the dtype of a list's first tensor (0 for an empty list).
+func fpDType(ts []*tensor.Tensor) tensor.DType {
+	if len(ts) == 0 || ts[0] == nil {
+		return 0
+	}
+	return ts[0].DType()
+}
+
+// fpCount is the element count of a list of tensors.
+func fpCount(ts []*tensor.Tensor) int {
+	n := 0
+	for _, t := range ts {
+		if t != nil {
+			n += t.Numel()
+		}
+	}
+	return n
+}
+
+// fpCloseLocked releases the board at Close, with the team.
+func (b *Backend) fpCloseLocked() {
+	if b.fp == nil {
+		return
+	}
+	if err := b.fp.board.close(); err != nil {
+		slog.Warn("gocoll ucc: close: the fingerprint board", "rank", b.cfg.Rank, "err", err)
+	}
+	b.fp = nil
+}
