@@ -600,9 +600,7 @@ func (b *Backend) failureError(f *watch.Failure[*work]) *backend.OpError {
 	}
 	e.Kind, e.Timeout = backend.ErrTimeout, w.timeout
 	var parts []string
-	if ranks, sentence, ok := b.fpTimeout(w); ok {
-		e.Ranks, parts = ranks, append(parts, sentence)
-	} else if b.cfg.Desync != nil && w.seq > 0 {
+	if b.cfg.Desync != nil && w.seq > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), storeBound)
 		late, sentence := b.cfg.Desync(ctx, w.op, w.seq)
 		cancel()
@@ -611,8 +609,15 @@ func (b *Backend) failureError(f *watch.Failure[*work]) *backend.OpError {
 			parts = append(parts, sentence)
 		}
 	}
-	parts = append(parts, fmt.Sprintf("the backend's watchdog saw it still running %v after issue (group %s); UCC cannot cancel it, so it stays posted",
-		f.Elapsed.Round(time.Millisecond), b.cfg.GroupDesc))
+	if ranks, sentence, held := b.fpTimeout(w, f.Elapsed); held {
+		if len(e.Ranks) == 0 {
+			e.Ranks = ranks
+		}
+		parts = append(parts, sentence)
+	} else {
+		parts = append(parts, fmt.Sprintf("the backend's watchdog saw it still running %v after issue (group %s); UCC cannot cancel it, so it stays posted",
+			f.Elapsed.Round(time.Millisecond), b.cfg.GroupDesc))
+	}
 	e.Detail = strings.Join(parts, "; ")
 	return e
 }

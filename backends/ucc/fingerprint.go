@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/opcheck"
@@ -136,9 +137,9 @@ func (b *Backend) fpStepLocked() {
 }
 
 // fpReleaseLocked lets w, the head of the queue, through if it can go: it
-// posts it, fails it on a mismatch, or drops it (refused at init, or
-// failed meanwhile by a timeout or an abort). It reports whether w left
-// the queue.
+// posts it, or fails it unposted on a mismatch, once every peer's
+// fingerprint is there, or drops it (refused at init) once published. It
+// reports whether w left the queue.
 func (b *Backend) fpReleaseLocked(w *work) bool {
 	g := b.fp
 	if w.fpw.on && w.fpw.seq >= g.pub {
@@ -149,7 +150,10 @@ func (b *Backend) fpReleaseLocked(w *work) bool {
 		return true
 	}
 	var v fpVerdict
-	if !w.fpw.refused && !w.IsCompleted() {
+	if !w.fpw.refused {
+		// A work that failed meanwhile (its timeout) still goes to UCC
+		// once its peers agree, as a posted one stays posted: the late
+		// peers' op completes, and the ops after it stay in step.
 		var done bool
 		if v, done = judge(g.board, g.rank, g.size, w.fpw.seq, w.fpw.slot); !done {
 			return false
@@ -159,11 +163,9 @@ func (b *Backend) fpReleaseLocked(w *work) bool {
 	g.board.checked(g.chk)
 	switch {
 	case w.fpw.refused:
-	case w.IsCompleted() || v.kind != nil:
+	case v.kind != nil:
 		b.fpDropLocked(w)
-		if v.kind != nil {
-			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: v.kind, Detail: v.detail, Ranks: v.ranks})
-		}
+		w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: v.kind, Detail: v.detail, Ranks: v.ranks})
 	default:
 		b.fpPostLocked(w)
 	}
@@ -224,9 +226,9 @@ func (b *Backend) fpTickLocked() {
 	}
 }
 
-// fpTimeout is what a held work's timeout says: the peers whose
-// fingerprints never came. ok is false for a work UCC has.
-func (b *Backend) fpTimeout(w *work) (ranks []int, sentence string, ok bool) {
+// fpTimeout is what the timeout of a held work says: the peers whose
+// fingerprints have not come. held is false for a work UCC has.
+func (b *Backend) fpTimeout(w *work, elapsed time.Duration) (ranks []int, sentence string, held bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	g := b.fp
@@ -234,7 +236,8 @@ func (b *Backend) fpTimeout(w *work) (ranks []int, sentence string, ok bool) {
 		return nil, "", false
 	}
 	ranks, why := missing(g.board, g.rank, g.size, w.fpw.seq)
-	sentence = fmt.Sprintf("ranks %v never published their fingerprints of op %d, so UCC never saw it", ranks, w.fpw.seq)
+	sentence = fmt.Sprintf("the backend's watchdog saw it %v after issue (group %s) still waiting for the fingerprints of ranks %v, so UCC has not seen it; it goes to UCC if they come",
+		elapsed.Round(time.Millisecond), b.cfg.GroupDesc, ranks)
 	if len(why) > 0 {
 		sentence += " (" + strings.Join(why, "; ") + ")"
 	}
