@@ -80,12 +80,21 @@ func (c *Child) noJoin(dcfg dispatcher.Config) error {
 // mismatch ("mismatch-dtype"): rank 0 allreduces 1024 float32 elements,
 // the others 1024 int32 ones (the same bytes); then every rank runs a
 // matching allreduce, which must work.
+//
+// "mismatch-size": rank 0 allreduces 1024 float32 elements, the others
+// 1000.
 func (c *Child) mismatch() error {
-	dt := tensor.Int32
+	dt, n := tensor.Int32, 1024
 	if c.Rank == 0 {
 		dt = tensor.Float32
 	}
-	x, err := c.tensorOf(dt, 1024)
+	if c.Scenario == "mismatch-size" {
+		dt = tensor.Float32
+		if c.Rank != 0 {
+			n = 1000
+		}
+	}
+	x, err := c.tensorOf(dt, n)
 	if err != nil {
 		return err
 	}

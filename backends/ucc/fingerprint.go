@@ -20,29 +20,31 @@ import (
 // goes from issue to UCC when it is on.
 //
 // At issue (submit, under b.mu) an op of the whole group gets the next
-// number, its collectives are initialised (so that UCC's refusal still
-// comes back at once, as ErrUnsupported), and its fingerprint is
-// published. The op is posted to UCC right there when it is at the head of
-// the queue and every peer's fingerprint of its number is already there
-// and equal (the last rank to issue an op posts it at once); otherwise the
-// work waits in the queue, in b.pending but not in UCC (held), and every
+// number and publishes its fingerprint. It goes to UCC (initialised and
+// posted, gu_coll_start) right there when it is at the head of the queue
+// and every peer's fingerprint of its number is already there and equal:
+// the last rank to issue an op starts it at once. Otherwise the work
+// waits in the queue, in b.pending but unknown to UCC (held), and every
 // round of the progress loop (reapLocked: the progress goroutine, or a
-// caller driving its Wait) publishes what has room and posts the head
+// caller driving its Wait) publishes what has room and starts the head
 // works whose peers agree, in issue order, so that UCC sees every rank's
 // ops in the same order. The caller never blocks at issue.
 //
-// Disagreement fails the work, on every rank, with the verdict's words;
-// the initialised collectives are finalised unposted, every rank's, so
-// UCC's own sequence stays in step and the group works on. An op UCC
-// refuses at init on one rank is published as refused, and the peers fail
-// it too, instead of posting an op that rank will never post. Point to
-// point ops (two-rank active sets) carry no fingerprint, but queue behind
-// a held op to keep the order.
+// UCC sees nothing of a held op, not even its initialisation: UCC numbers
+// a team's collectives as it initialises them, per algorithm, so ranks
+// that initialised different sizes (different algorithms) would be out of
+// step for good. Disagreement fails the work, on every rank, with the
+// verdict's words, and the group works on. The price: UCC's refusal of an
+// op (ErrUnsupported) comes back at issue only where the op starts at
+// once, else from Wait. Point to point ops (two-rank active sets) carry no
+// fingerprint, but queue behind a held op to keep the order.
 //
 // A held work is watched like a posted one: past its timeout it fails
-// with ErrTimeout naming the peers whose fingerprints never came, and a
-// peer whose process has exited (shm) or whose side channel broke (tcp)
-// fails it at the next watchdog tick with ErrRemote naming that peer.
+// with ErrTimeout naming the peers whose fingerprints have not come, and
+// stays queued (it goes to UCC if they come, as a posted op stays posted,
+// so the late peers' op completes); a peer whose process has exited (shm)
+// or whose side channel broke (tcp) fails it at the next watchdog tick
+// with ErrRemote naming that peer.
 type fpGate struct {
 	board      fpBoard
 	rank, size int
@@ -54,11 +56,11 @@ type fpGate struct {
 
 // fpWork is a work's part in the check.
 type fpWork struct {
-	on      bool // the op has a fingerprint (slot); false: point to point
-	held    bool // initialised, not yet posted: UCC has not seen it
-	refused bool // UCC refused it at init; queued only to be published
-	seq     uint64
-	slot    fpSlot
+	on       bool // the op has a fingerprint (slot); false: point to point
+	held     bool // queued: UCC has not seen it
+	startErr bool // it failed in gu_coll_start (UCC refused it)
+	seq      uint64
+	slot     fpSlot
 }
 
 // print gives the plan's op its fingerprint: op, dtype, reduce op (nil:
@@ -76,32 +78,19 @@ func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
 		w.fpw.seq = g.next
 		g.next++
 	}
-	for i := range p.descs {
-		if st := C.gu_coll_init(b.team, &p.descs[i], &w.reqs[i]); st < 0 {
-			for j := range i {
-				C.gu_coll_finalize(w.reqs[j])
-				w.reqs[j] = 0
-			}
-			w.pin.Unpin()
-			err := &Error{Call: "ucc_collective_init", Status: int(st)}
-			oe := &backend.OpError{Op: p.op.String(), Seq: p.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err,
-				Detail: fmt.Sprintf("collective %d of %d of the op", i+1, len(p.descs))}
-			if w.fpw.on {
-				// The peers must hear of it, or they would post an op
-				// this rank never posts.
-				w.fpw.refused, w.fpw.slot.refused = true, refusedCode(oe)
-				g.q = append(g.q, w)
-				b.fpStepLocked()
-			}
-			return nil, oe
-		}
-	}
 	w.fpw.held = true
 	b.pending = append(b.pending, w)
 	b.npending.Store(int32(len(b.pending)))
 	g.q = append(g.q, w)
 	b.fpStepLocked()
-	if w.fpw.held {
+	switch {
+	case w.fpw.startErr:
+		// Started at once and refused by UCC: the error comes back now,
+		// as without the check (reapLocked drops the work).
+		return nil, w.rerr
+	case !w.fpw.held && w.live == 0 && len(w.deps) == 0:
+		w.testLocked() // nothing for UCC to do: complete now, as submit does
+	default:
 		b.wake()
 	}
 	return w, nil
@@ -136,73 +125,62 @@ func (b *Backend) fpStepLocked() {
 	}
 }
 
-// fpReleaseLocked lets w, the head of the queue, through if it can go: it
-// posts it, or fails it unposted on a mismatch, once every peer's
-// fingerprint is there, or drops it (refused at init) once published. It
-// reports whether w left the queue.
+// fpReleaseLocked lets w, the head of the queue, through once every
+// peer's fingerprint is there: it starts it in UCC, or fails it unstarted
+// on a mismatch. It reports whether w left the queue.
 func (b *Backend) fpReleaseLocked(w *work) bool {
 	g := b.fp
-	if w.fpw.on && w.fpw.seq >= g.pub {
-		return false // not yet published: the peers wait for it
-	}
 	if !w.fpw.on {
-		b.fpPostLocked(w)
+		b.fpStartLocked(w)
 		return true
 	}
-	var v fpVerdict
-	if !w.fpw.refused {
-		// A work that failed meanwhile (its timeout) still goes to UCC
-		// once its peers agree, as a posted one stays posted: the late
-		// peers' op completes, and the ops after it stay in step.
-		var done bool
-		if v, done = judge(g.board, g.rank, g.size, w.fpw.seq, w.fpw.slot); !done {
-			return false
-		}
+	if w.fpw.seq >= g.pub {
+		return false // not yet published: the peers wait for it
+	}
+	// A work that failed meanwhile (its timeout) still goes to UCC once
+	// its peers agree, as a posted one stays posted: the late peers' op
+	// completes, and the ops after it stay in step.
+	v, done := judge(g.board, g.rank, g.size, w.fpw.seq, w.fpw.slot)
+	if !done {
+		return false
 	}
 	g.chk = w.fpw.seq + 1
 	g.board.checked(g.chk)
-	switch {
-	case w.fpw.refused:
-	case v.kind != nil:
-		b.fpDropLocked(w)
+	if v.kind != nil {
+		w.fpw.held, w.live = false, 0 // reapLocked unpins it and takes it out of b.pending
 		w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: v.kind, Detail: v.detail, Ranks: v.ranks})
-	default:
-		b.fpPostLocked(w)
+		return true
 	}
+	b.fpStartLocked(w)
 	return true
 }
 
-// fpPostLocked posts w's initialised collectives, in order. A post that
-// fails finalises it and the ones after it; the ones before stay posted,
-// as in submit.
-func (b *Backend) fpPostLocked(w *work) {
+// fpStartLocked initialises and posts w's collectives (gu_coll_start), as
+// submit does without the check; a failure fails the work.
+func (b *Backend) fpStartLocked(w *work) {
 	w.fpw.held = false
-	for i := range w.reqs {
-		if st := C.gu_coll_post(w.reqs[i]); st < 0 {
-			for j := i; j < len(w.reqs); j++ {
-				C.gu_coll_finalize(w.reqs[j])
-				w.reqs[j] = 0
-			}
-			w.live = i
-			err := &Error{Call: "ucc_collective_post", Status: int(st)}
-			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err})
-			return
-		}
-	}
-	w.live = len(w.reqs)
-}
-
-// fpDropLocked finalises w's collectives unposted: UCC never sees them.
-// reapLocked then unpins w's buffers and takes it out of b.pending.
-func (b *Backend) fpDropLocked(w *work) {
-	w.fpw.held = false
-	for i, r := range w.reqs {
-		if r != 0 {
-			C.gu_coll_finalize(r)
-			w.reqs[i] = 0
-		}
-	}
 	w.live = 0
+	if len(w.descs) == 0 {
+		return
+	}
+	st := C.gu_coll_start(b.team, &w.descs[0], C.int(len(w.descs)), &w.reqs[0], &w.at, &w.post)
+	if st >= 0 {
+		w.live = len(w.reqs)
+		return
+	}
+	var oe *backend.OpError
+	if w.post == 0 {
+		err := &Error{Call: "ucc_collective_init", Status: int(st)}
+		oe = &backend.OpError{Op: w.op.String(), Seq: w.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err,
+			Detail: fmt.Sprintf("collective %d of %d of the op", int(w.at)+1, len(w.descs))}
+	} else {
+		// The ones before are posted and stay, as after a timeout.
+		err := &Error{Call: "ucc_collective_post", Status: int(st)}
+		oe = &backend.OpError{Op: w.op.String(), Seq: w.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err}
+		w.live = int(w.at)
+	}
+	w.fpw.startErr = true
+	w.fail(oe)
 }
 
 // fpTickLocked runs at the watchdog's tick: a held head work whose

@@ -39,37 +39,19 @@ const fpSlots = 512
 
 // fpSlot is what a rank publishes about one op.
 type fpSlot struct {
-	fp      tcpmesh.Fingerprint
-	root    int32 // the op's root rank; -1: the op has none
-	refused uint8 // 0, or fpRefused*: this rank's UCC refused the op at init
-}
-
-// Codes of fpSlot.refused: the kind this rank's op failed with.
-const (
-	fpRefusedUnsupported = 1 + iota
-	fpRefusedInvalid
-	fpRefusedOther
-)
-
-func refusedCode(err error) uint8 {
-	switch {
-	case errors.Is(err, backend.ErrUnsupported):
-		return fpRefusedUnsupported
-	case errors.Is(err, backend.ErrInvalidArgument):
-		return fpRefusedInvalid
-	}
-	return fpRefusedOther
+	fp   tcpmesh.Fingerprint
+	root int32 // the op's root rank; -1: the op has none
 }
 
 // words packs s into the two data words of a slot.
 func (s fpSlot) words() (w1, w2 uint64) {
-	w1 = uint64(s.fp.Op) | uint64(s.fp.DType)<<8 | uint64(s.fp.ReduceOp)<<16 | uint64(s.refused)<<24 | uint64(uint32(s.root))<<32
+	w1 = uint64(s.fp.Op) | uint64(s.fp.DType)<<8 | uint64(s.fp.ReduceOp)<<16 | uint64(uint32(s.root))<<32
 	return w1, s.fp.Count
 }
 
 func slotOf(w1, w2 uint64) fpSlot {
 	return fpSlot{fp: tcpmesh.Fingerprint{Op: uint8(w1), DType: uint8(w1 >> 8), ReduceOp: uint8(w1 >> 16), Count: w2},
-		refused: uint8(w1 >> 24), root: int32(uint32(w1 >> 32))}
+		root: int32(uint32(w1 >> 32))}
 }
 
 // The board's layout: a 64-byte header (magic, ranks, slots), then per
@@ -201,8 +183,8 @@ type fpVerdict struct {
 // judge compares every rank's slot of seq (this rank's is mine) and
 // reports done once all are there. The rule is the same on every rank
 // and reads only what every rank reads, so every rank reaches the same
-// verdict in the same words: the lowest rank that refused the op, else
-// the lowest rank whose op differs from rank 0's, else agreement.
+// verdict in the same words: the lowest rank whose op differs from rank
+// 0's, else agreement.
 func judge(b fpBoard, rank, size int, seq uint64, mine fpSlot) (v fpVerdict, done bool) {
 	slots := make([]fpSlot, 0, 8)
 	for p := range size {
@@ -214,16 +196,6 @@ func judge(b fpBoard, rank, size int, seq uint64, mine fpSlot) (v fpVerdict, don
 			}
 		}
 		slots = append(slots, s)
-	}
-	for p, s := range slots {
-		if s.refused != 0 {
-			kind := backend.ErrInvalidArgument
-			if s.refused == fpRefusedUnsupported {
-				kind = backend.ErrUnsupported
-			}
-			return fpVerdict{kind: kind, ranks: []int{p},
-				detail: fmt.Sprintf("rank %d could not start %s in UCC (its own error says why)", p, opcheck.Describe(s.fp))}, true
-		}
 	}
 	f0 := slots[0]
 	for p, s := range slots[1:] {
