@@ -273,7 +273,7 @@ func (b *Backend) Capabilities() backend.Capabilities {
 		BitwiseReductions: true,
 		Timing:            true,
 		UnevenSizes:       true,
-		MismatchChecks:    b.fp != nil,
+		MismatchChecks:    b.opts.Fingerprints != FingerprintsOff,
 	}
 }
 

@@ -194,11 +194,11 @@ func (b *Backend) fpTickLocked() {
 	if !w.fpw.held || !w.fpw.on || w.IsCompleted() {
 		return
 	}
-	ranks, why := missing(g.board, g.rank, g.size, w.fpw.seq)
+	ranks, _ := missing(g.board, g.rank, g.size, w.fpw.seq)
 	for _, p := range ranks {
 		if err := g.board.gone(p); err != nil {
 			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrRemote, Ranks: []int{p},
-				Detail: fmt.Sprintf("%s before it published its fingerprint of op %d; UCC never saw the op", strings.Join(why, "; "), w.fpw.seq)})
+				Detail: fmt.Sprintf("%v before it published its fingerprint of op %d; UCC never saw the op", err, w.fpw.seq)})
 			return
 		}
 	}
