@@ -120,8 +120,11 @@ func (b *Backend) fpStepLocked() {
 		n++
 	}
 	if n > 0 {
-		clear(g.q[:n])
-		g.q = g.q[n:]
+		// Shift down, so that the queue's array is reused: a queue of one
+		// op at a time allocates nothing.
+		m := copy(g.q, g.q[n:])
+		clear(g.q[m:])
+		g.q = g.q[:m]
 	}
 }
 
