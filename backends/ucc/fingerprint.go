@@ -199,9 +199,9 @@ func (b *Backend) fpTickLocked() {
 	}
 	ranks, _ := missing(g.board, g.rank, g.size, w.fpw.seq)
 	for _, p := range ranks {
-		if err := g.board.gone(p); err != nil {
-			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrRemote, Ranks: []int{p},
-				Detail: fmt.Sprintf("%v before it published its fingerprint of op %d; UCC never saw the op", err, w.fpw.seq)})
+		if culprit, err := g.board.gone(p); err != nil {
+			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrRemote, Ranks: []int{culprit},
+				Detail: fmt.Sprintf("%v, before rank %d published its fingerprint of op %d; UCC never saw the op", err, p, w.fpw.seq)})
 			return
 		}
 	}

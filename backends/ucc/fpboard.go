@@ -165,8 +165,9 @@ type fpBoard interface {
 	// numbers below n.
 	checked(n uint64)
 	// gone is non-nil once peer can publish nothing more (its process
-	// exited, its channel broke): why, naming it.
-	gone(peer int) error
+	// exited, its channel broke): why, and the rank to blame (peer, or
+	// the rank whose death broke peer's channel too).
+	gone(peer int) (culprit int, err error)
 	// kind names the transport for the logs and docs ("shm", "tcp").
 	kind() string
 	// close releases the board; nothing may use it after.
@@ -229,7 +230,7 @@ func missing(b fpBoard, rank, size int, seq uint64) (ranks []int, why []string) 
 		}
 		if _, ok := b.peek(p, seq); !ok {
 			ranks = append(ranks, p)
-			if err := b.gone(p); err != nil {
+			if _, err := b.gone(p); err != nil {
 				why = append(why, err.Error())
 			}
 		}

@@ -2,6 +2,7 @@ package ucc
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/opcheck"
 	"github.com/gocoll/gocoll/internal/shm"
+	"github.com/gocoll/gocoll/internal/tcpmesh"
 	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -188,7 +190,7 @@ func TestShmBoardFile(t *testing.T) {
 	for _, b := range bs {
 		b.learnPids()
 	}
-	if err := bs[0].gone(2); err != nil {
+	if _, err := bs[0].gone(2); err != nil {
 		t.Fatalf("a live peer reported gone: %v", err)
 	}
 	_ = cmd.Process.Kill()
@@ -198,11 +200,11 @@ func TestShmBoardFile(t *testing.T) {
 	if got, ok := bs[0].peek(1, 5); !ok || got != s {
 		t.Fatalf("rank 0 reads %+v %v of rank 1's slot 5, want %+v", got, ok, s)
 	}
-	if err := bs[0].gone(1); err != nil {
+	if _, err := bs[0].gone(1); err != nil {
 		t.Fatalf("a live peer reported gone: %v", err)
 	}
-	if err := bs[0].gone(2); err == nil || !strings.Contains(err.Error(), "rank 2") {
-		t.Fatalf("gone(2) = %v, want an error naming rank 2", err)
+	if r, err := bs[0].gone(2); err == nil || r != 2 || !strings.Contains(err.Error(), "rank 2") {
+		t.Fatalf("gone(2) = %d, %v, want an error naming rank 2", r, err)
 	}
 	for _, b := range bs {
 		if err := b.close(); err != nil {
@@ -275,16 +277,23 @@ func TestTCPBoard(t *testing.T) {
 	_ = bs[2].mesh.Close()
 	for r := range 2 {
 		var err error
+		blame := -1
 		for deadline := time.Now().Add(5 * time.Second); err == nil && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 			bs[r].checked(fpSlots + 10) // let the receivers reach the end
-			err = bs[r].gone(2)
+			blame, err = bs[r].gone(2)
 		}
-		if err == nil || !strings.Contains(err.Error(), "rank 2") {
-			t.Fatalf("rank %d: gone(2) = %v, want an error naming rank 2", r, err)
+		if err == nil || blame != 2 || !strings.Contains(err.Error(), "rank 2") {
+			t.Fatalf("rank %d: gone(2) = %d, %v, want an error blaming rank 2", r, blame, err)
 		}
-		if err := bs[r].gone(1 - r); err != nil {
+		if _, err := bs[r].gone(1 - r); err != nil {
 			t.Fatalf("rank %d: a live peer reported gone: %v", r, err)
 		}
+	}
+	// A broken connection fails every receive of the mesh, naming the
+	// rank whose connection broke: that rank is blamed for each peer.
+	bs[0].fail(1, &tcpmesh.PeerError{Rank: 2, Err: errors.New("connection reset by peer")})
+	if blame, err := bs[0].gone(1); blame != 2 || err == nil {
+		t.Fatalf("gone(1) after rank 2's connection broke = %d, %v, want rank 2 blamed", blame, err)
 	}
 	for _, b := range bs {
 		_ = b.close()

@@ -113,14 +113,14 @@ func (s *shmBoard) peek(peer int, seq uint64) (fpSlot, bool) { return s.r.get(pe
 
 func (s *shmBoard) checked(n uint64) { s.r.checked(s.rank).Store(n) }
 
-func (s *shmBoard) gone(peer int) error {
+func (s *shmBoard) gone(peer int) (int, error) {
 	if peer >= len(s.pids) || s.pids[peer] == 0 {
-		return nil
+		return peer, nil
 	}
 	if err := syscall.Kill(s.pids[peer], 0); errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("rank %d (pid %d) has exited", peer, s.pids[peer])
+		return peer, fmt.Errorf("rank %d (pid %d) has exited", peer, s.pids[peer])
 	}
-	return nil
+	return peer, nil
 }
 
 func (s *shmBoard) kind() string { return "shm" }

@@ -30,6 +30,7 @@ type tcpBoard struct {
 	cond  *sync.Cond
 	done  uint64  // this rank's checked count
 	errs  []error // per peer: why its receives ended
+	blame []int   // per peer: the rank errs blames (tcpmesh.RootRank)
 	quit  bool
 	wg    sync.WaitGroup
 	sendT time.Duration // bounds one send
@@ -44,7 +45,7 @@ func newTCPBoard(ctx context.Context, st tcpmesh.KV, rank, n int, host string, c
 	if err != nil {
 		return nil, fmt.Errorf("ucc: fingerprint side channel: %w", err)
 	}
-	t := &tcpBoard{r: heapRings(n, fpSlots), mesh: m, rank: rank, errs: make([]error, n), sendT: sendT}
+	t := &tcpBoard{r: heapRings(n, fpSlots), mesh: m, rank: rank, errs: make([]error, n), blame: make([]int, n), sendT: sendT}
 	t.cond = sync.NewCond(&t.mu)
 	for p := range n {
 		if p != rank {
@@ -71,11 +72,7 @@ func (t *tcpBoard) receive(peer int) {
 		}
 		err := t.mesh.Irecv(peer, seq, buf[:]).Wait(context.Background())
 		if err != nil {
-			t.mu.Lock()
-			if !t.quit {
-				t.errs[peer] = fmt.Errorf("rank %d's fingerprint channel broke: %w", peer, err)
-			}
-			t.mu.Unlock()
+			t.fail(peer, err)
 			return
 		}
 		t.r.put(peer, seq, decodeSlot(buf[:]))
@@ -110,11 +107,7 @@ func (t *tcpBoard) post(seq uint64, s fpSlot) bool {
 			continue
 		}
 		if err := t.mesh.Send(ctx, p, seq, buf[:]); err != nil {
-			t.mu.Lock()
-			if t.errs[p] == nil && !t.quit {
-				t.errs[p] = fmt.Errorf("rank %d's fingerprint channel broke: %w", p, err)
-			}
-			t.mu.Unlock()
+			t.fail(p, err)
 		}
 	}
 	return true
@@ -131,10 +124,26 @@ func (t *tcpBoard) checked(n uint64) {
 	t.mu.Unlock()
 }
 
-func (t *tcpBoard) gone(peer int) error {
+// fail records why peer's channel ended. The mesh fails every receive
+// when one connection breaks, naming the rank whose connection it was
+// (or the rank a peer gave up because of): that rank is blamed, not peer.
+func (t *tcpBoard) fail(peer int, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.errs[peer]
+	if t.errs[peer] != nil || t.quit {
+		return
+	}
+	t.blame[peer] = peer
+	if r, ok := tcpmesh.RootRank(err); ok && r != t.rank {
+		t.blame[peer] = r
+	}
+	t.errs[peer] = fmt.Errorf("the fingerprint channel broke because of rank %d: %w", t.blame[peer], err)
+}
+
+func (t *tcpBoard) gone(peer int) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.blame[peer], t.errs[peer]
 }
 
 func (t *tcpBoard) kind() string { return "tcp" }
