@@ -52,6 +52,7 @@ type fpGate struct {
 	pub        uint64  // numbers published (in order)
 	chk        uint64  // numbers checked: their works left the queue
 	q          []*work // the works not yet through, in issue order
+	issuing    *work   // the work submit is issuing, during its step
 }
 
 // fpWork is a work's part in the check.
@@ -71,7 +72,10 @@ func (p *plan) print(dt tensor.DType, r *backend.ReduceOp, count, root int) {
 
 // fpSubmitLocked is submit's tail while the check is on, for an op with a
 // fingerprint or one that queues behind one. b.mu is held; the work's
-// buffers are pinned and its deps and enq set.
+// buffers are pinned and its deps and enq set. The work joins b.pending
+// only if it has to wait (held, or in UCC after an inline start), so that
+// an op the last rank starts and UCC finishes at once costs no more than
+// without the check (submit's inline path).
 func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
 	g, w := b.fp, p.w
 	if w.fpw.on {
@@ -79,19 +83,21 @@ func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
 		g.next++
 	}
 	w.fpw.held = true
-	b.pending = append(b.pending, w)
-	b.npending.Store(int32(len(b.pending)))
 	g.q = append(g.q, w)
+	g.issuing = w
 	b.fpStepLocked()
-	switch {
-	case w.fpw.startErr:
-		// Started at once and refused by UCC: the error comes back now,
-		// as without the check (reapLocked drops the work).
-		return nil, w.rerr
-	case !w.fpw.held && w.live == 0 && len(w.deps) == 0:
-		w.testLocked() // nothing for UCC to do: complete now, as submit does
-	default:
+	g.issuing = nil
+	if !w.fpw.held && w.live == 0 && len(w.deps) == 0 {
+		w.testLocked() // done in its start, or nothing for UCC to do: complete now, as submit does
+	} else {
+		b.pending = append(b.pending, w)
+		b.npending.Store(int32(len(b.pending)))
 		b.wake()
+	}
+	if w.fpw.startErr {
+		// Started at once and refused by UCC: the error comes back now,
+		// as without the check.
+		return nil, w.rerr
 	}
 	return w, nil
 }
@@ -159,16 +165,22 @@ func (b *Backend) fpReleaseLocked(w *work) bool {
 }
 
 // fpStartLocked initialises and posts w's collectives (gu_coll_start), as
-// submit does without the check; a failure fails the work.
+// submit does without the check, progressing a small op once inline when
+// w is being issued (fpGate.issuing); a failure fails the work.
 func (b *Backend) fpStartLocked(w *work) {
 	w.fpw.held = false
 	w.live = 0
 	if len(w.descs) == 0 {
 		return
 	}
-	st := C.gu_coll_start(b.team, &w.descs[0], C.int(len(w.descs)), &w.reqs[0], &w.at, &w.post)
+	var pctx C.uintptr_t
+	if w == b.fp.issuing && len(w.deps) == 0 && w.plan.inline() {
+		pctx = b.ctx
+	}
+	st := C.gu_coll_start(b.team, &w.descs[0], C.int(len(w.descs)), &w.reqs[0], &w.at, &w.post, pctx, &w.cerr)
 	if st >= 0 {
-		w.live = len(w.reqs)
+		w.live = min(int(st), len(w.reqs))
+		w.noteErr()
 		return
 	}
 	var oe *backend.OpError
@@ -180,7 +192,8 @@ func (b *Backend) fpStartLocked(w *work) {
 		// The ones before are posted and stay, as after a timeout.
 		err := &Error{Call: "ucc_collective_post", Status: int(st)}
 		oe = &backend.OpError{Op: w.op.String(), Seq: w.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err}
-		w.live = int(w.at)
+		w.reqs = w.reqs[:w.at]
+		w.live = len(w.reqs)
 	}
 	w.fpw.startErr = true
 	w.fail(oe)

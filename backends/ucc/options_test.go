@@ -81,8 +81,8 @@ func TestREADMEListsVariables(t *testing.T) {
 		t.Fatal(err)
 	}
 	yields(YieldAuto, 2, 2, record)
-	if len(read) != 4 {
-		t.Fatalf("%d variables read, want 4: %v", len(read), read)
+	if len(read) != 5 {
+		t.Fatalf("%d variables read, want 5: %v", len(read), read)
 	}
 	for _, n := range read {
 		if !strings.Contains(string(readme), "`"+n+"`") {
