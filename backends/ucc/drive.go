@@ -82,7 +82,7 @@ func (b *Backend) drive(ctx context.Context, w *work) (start time.Time) {
 					// progress and test without a cgo crossing per round.
 					w.live = int(C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, C.int64_t(driveSpin), b.yield))
 					w.noteErr()
-				} else {
+				} else if b.fpProgressLocked() {
 					C.gu_context_progress(b.ctx)
 				}
 				b.reapLocked()

@@ -199,6 +199,14 @@ func (b *Backend) fpStartLocked(w *work) {
 	w.fail(oe)
 }
 
+// fpProgressLocked reports whether a driver whose work has not started
+// needs to progress UCC: not while every pending work is held (UCC has
+// nothing of this group's), so that the driver of a held work sees its
+// peers' fingerprints a progress call sooner.
+func (b *Backend) fpProgressLocked() bool {
+	return b.fp == nil || len(b.pending) != len(b.fp.q)
+}
+
 // fpTickLocked runs at the watchdog's tick: a held head work whose
 // missing peer is gone fails now, naming it, rather than at its timeout.
 func (b *Backend) fpTickLocked() {
