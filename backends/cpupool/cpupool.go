@@ -520,6 +520,7 @@ type job struct {
 	laneRun func(ctx context.Context, lo *laneOp) error // a lane op's run (runLane)
 	lo      laneOp                                      // its view of the lanes
 	work    work                                        // a lane op's Work: one allocation with the job
+	waited  atomic.Bool                                 // a goroutine waits for this lane op (help)
 }
 
 func (b *Backend) worker() {
@@ -718,6 +719,9 @@ func (b *Backend) help(j *job, inline func(*job) bool) {
 		return
 	}
 	if j.lane {
+		// Marked first: the goroutine that runs the op before this one
+		// then kicks a worker for it if this wait cannot run it itself.
+		j.waited.Store(true)
 		for !j.w.IsCompleted() {
 			h := b.q.takeLane(j.ticket, inline)
 			if h == nil {

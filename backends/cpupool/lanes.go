@@ -254,11 +254,17 @@ func (q *queue) takeLane(t uint64, inline func(*job) bool) *job {
 	return q.popHeadLocked()
 }
 
-// kick wakes a parked worker if the head job is ready now.
+// kick wakes a parked worker if the head job is ready now and wants one:
+// a lane op only when a goroutine waits for it (help marks it), since
+// else its caller runs it when it waits, and a worker woken for it would
+// cost a wake-up and race that caller for a core (the nudge wakes one
+// if nobody comes).
 func (q *queue) kick() {
 	q.mu.Lock()
 	if q.closed == nil && q.head < len(q.items) && q.idle > 0 && q.headReady() {
-		q.cond.Signal()
+		if h := q.items[q.head]; !h.lane || h.waited.Load() {
+			q.cond.Signal()
+		}
 	}
 	q.mu.Unlock()
 }

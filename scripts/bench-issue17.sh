@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# bench-issue17.sh: issue 17's figures, cpupool allreduce against Open MPI
+# in the same conftest bench invocation, at 2 and 4 ranks, interleaving a
+# "before" and an "after" conftest binary round by round (docs/perf.md,
+# "Issue 17"). Every invocation holds /tmp/gocoll-bench.lock.
+#
+#   scripts/bench-issue17.sh OUTDIR AFTER_BIN [BEFORE_BIN] [ROUNDS]
+#
+# e.g. (before = the tree before this session's cpupool commits):
+#   git archive d9602ee | (mkdir -p /tmp/b && tar -x -C /tmp/b) && (cd /tmp/b && go build -o /tmp/conftest-before ./cmd/conftest)
+#   go build -o /tmp/conftest-after ./cmd/conftest
+#   scripts/bench-issue17.sh /tmp/bench17 /tmp/conftest-after /tmp/conftest-before 3
+#
+# Each run writes OUTDIR/<label>-np<N>-r<round>.json and .txt (the table,
+# with the load average before it). SIZES and NPROCS override the sizes
+# and world sizes.
+set -euo pipefail
+out=${1:?OUTDIR}
+after=${2:?AFTER_BIN}
+before=${3:-}
+rounds=${4:-3}
+sizes=${SIZES:-8,4K,64K,256K,1M,16M,64M}
+nprocs=${NPROCS:-2 4}
+mkdir -p "$out"
+for r in $(seq 1 "$rounds"); do
+	for np in $nprocs; do
+		for label in before after; do
+			bin=$after
+			if [ "$label" = before ]; then
+				[ -n "$before" ] || continue
+				bin=$before
+			fi
+			f="$out/$label-np$np-r$r"
+			flock /tmp/gocoll-bench.lock sh -c '
+				{ date -u +%FT%TZ; uptime; } > "$1.txt"
+				"$2" bench --backend cpupool --nproc "$3" --peers openmpi -n 0 --sizes "$4" \
+					--note "$5 round $6: $(uptime | sed "s/.*load/load/")" --json "$1.json" >> "$1.txt" 2>&1
+			' _ "$f" "$bin" "$np" "$sizes" "$label" "$r"
+			grep -E '^ +[0-9]+ +[0-9]+ +float' "$f.txt" | awk -v l="$label np$np r$r" '{printf "%-16s %10s B  ours %10s us  openmpi %10s us  x %s\n", l, $1, $10, $16, $17}'
+		done
+	done
+done
