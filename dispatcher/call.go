@@ -140,7 +140,7 @@ func (pg *ProcessGroup) refusal(op backend.Op) error {
 }
 
 // deviceOf returns the device of the first tensor among args, or the host.
-func (pg *ProcessGroup) deviceOf(args ...targ) tensor.Device {
+func (pg *ProcessGroup) deviceOf(args ...*targ) tensor.Device {
 	if t := first(args); t != nil {
 		return t.Device()
 	}
@@ -215,7 +215,7 @@ func (pg *ProcessGroup) begin(ctx context.Context, call *opCall, op backend.Op, 
 // peer.
 func (pg *ProcessGroup) pre(ctx context.Context, c *opCall) {
 	if h := pg.hooks.Load(); h != nil && len(*h) > 0 {
-		c.info.Inputs, c.info.Outputs, c.info.Peer = flatten(c.in), flatten(c.out), c.peer
+		c.info.Inputs, c.info.Outputs, c.info.Peer = flatten(&c.in), flatten(&c.out), c.peer
 		for _, hk := range *h {
 			if hk.Pre != nil {
 				hk.Pre(ctx, c.info)

@@ -123,8 +123,8 @@ type frShapes struct {
 const frInlineDims = 4
 
 // fill notes a's tensors.
-func (f *frShapes) fill(a targ) {
-	if t, _, ok := lone([]targ{a}); ok && t != nil && t.Dim() <= frInlineDims {
+func (f *frShapes) fill(a *targ) {
+	if t, _, ok := lone([]*targ{a}); ok && t != nil && t.Dim() <= frInlineDims {
 		f.n, f.dtype = 1, t.DType()
 		f.ndim = len(t.AppendShape(f.dims[:0]))
 		return
@@ -313,8 +313,8 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, backendName string, rank in
 	slot.name = opName{op: c.meta.Op, backend: backendName, rank: rank, peer: c.peer}
 	slot.state, slot.isP2P, slot.retired, slot.captured = frScheduled, isP2P, captured, captured
 	slot.hasDur, slot.durMs, slot.err = false, 0, es
-	slot.in.fill(c.in)
-	slot.out.fill(c.out)
+	slot.in.fill(&c.in)
+	slot.out.fill(&c.out)
 	slot.work = w
 	if w != nil {
 		fr.pending++
@@ -327,7 +327,7 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, backendName string, rank in
 
 // fillSizes writes the shapes and dtypes of a's tensors into dst and dts,
 // reusing their storage, inner slices included.
-func fillSizes(dst [][]int, dts []tensor.DType, a targ) ([][]int, []tensor.DType) {
+func fillSizes(dst [][]int, dts []tensor.DType, a *targ) ([][]int, []tensor.DType) {
 	dst, dts = dst[:0], dts[:0]
 	add := func(t *tensor.Tensor) {
 		var s []int

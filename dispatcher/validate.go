@@ -22,7 +22,7 @@ type targ struct {
 func one(name string, t *tensor.Tensor) targ         { return targ{name: name, one: t, shape: 'o'} }
 func list(name string, ts []*tensor.Tensor) targ     { return targ{name: name, list: ts, shape: 'l'} }
 func lists(name string, tss [][]*tensor.Tensor) targ { return targ{name: name, lists: tss, shape: 'L'} }
-func (a targ) each(fn func(t *tensor.Tensor, i, j int) bool) bool {
+func (a *targ) each(fn func(t *tensor.Tensor, i, j int) bool) bool {
 	switch a.shape {
 	case 'o':
 		return fn(a.one, -1, -1)
@@ -45,7 +45,7 @@ func (a targ) each(fn func(t *tensor.Tensor, i, j int) bool) bool {
 }
 
 // label names one tensor of the argument: "input", "tensors[2]", "outputs[0][3]".
-func (a targ) label(i, j int) string {
+func (a *targ) label(i, j int) string {
 	switch {
 	case i < 0:
 		return a.name
@@ -56,7 +56,7 @@ func (a targ) label(i, j int) string {
 }
 
 // length is the number of top-level elements.
-func (a targ) length() int {
+func (a *targ) length() int {
 	switch a.shape {
 	case 'o':
 		return 1
@@ -85,7 +85,7 @@ func (c *checker) failf(msg, format string, args ...any) {
 	c.err = &backend.OpError{Op: c.op.String(), Rank: c.rank, Kind: backend.ErrInvalidArgument, Detail: detail}
 }
 
-func (c *checker) nonEmpty(msg string, a targ) {
+func (c *checker) nonEmpty(msg string, a *targ) {
 	if c.err == nil && a.length() == 0 {
 		c.failEmpty(msg, a.name)
 	}
@@ -94,20 +94,20 @@ func (c *checker) nonEmpty(msg string, a targ) {
 // failEmpty is nonEmpty's failure, out of line so that nonEmpty inlines.
 func (c *checker) failEmpty(msg, name string) { c.failf(msg, "%s is empty", name) }
 
-func (c *checker) single(msg string, a targ) {
+func (c *checker) single(msg string, a *targ) {
 	if c.err == nil && a.length() != 1 {
 		c.failf(msg, "%s has %d elements", a.name, a.length())
 	}
 }
 
-func (c *checker) listLen(msg string, a targ, want int) {
+func (c *checker) listLen(msg string, a *targ, want int) {
 	if c.err == nil && a.length() != want {
 		c.failf(msg, "len(%s) = %d, want %d", a.name, a.length(), want)
 	}
 }
 
 // innerLen checks every inner list of a list of lists.
-func (c *checker) innerLen(msg string, a targ, want int) {
+func (c *checker) innerLen(msg string, a *targ, want int) {
 	for i, l := range a.lists {
 		if c.err == nil && len(l) != want {
 			c.failf(msg, "len(%s[%d]) = %d, want %d", a.name, i, len(l), want)
@@ -118,11 +118,11 @@ func (c *checker) innerLen(msg string, a targ, want int) {
 // lone returns the tensor of args when they hold exactly one, the shape
 // of most calls (one tensor, or a list of one): the checks then skip the
 // walk over the arguments. i is its index in its list, -1 for a lone one.
-func lone(args []targ) (t *tensor.Tensor, i int, ok bool) {
+func lone(args []*targ) (t *tensor.Tensor, i int, ok bool) {
 	if len(args) != 1 {
 		return nil, 0, false
 	}
-	switch a := &args[0]; {
+	switch a := args[0]; {
 	case a.shape == 'o':
 		return a.one, -1, true
 	case a.shape == 'l' && len(a.list) == 1:
@@ -131,7 +131,7 @@ func lone(args []targ) (t *tensor.Tensor, i int, ok bool) {
 	return nil, 0, false
 }
 
-func (c *checker) eachTensor(msg string, args []targ, bad func(t *tensor.Tensor) string) {
+func (c *checker) eachTensor(msg string, args []*targ, bad func(t *tensor.Tensor) string) {
 	if t, i, ok := lone(args); ok {
 		switch {
 		case c.err != nil:
@@ -162,7 +162,7 @@ func (c *checker) eachTensor(msg string, args []targ, bad func(t *tensor.Tensor)
 	}
 }
 
-func (c *checker) contiguous(msg string, args ...targ) {
+func (c *checker) contiguous(msg string, args ...*targ) {
 	if t, _, ok := lone(args); ok && t != nil && t.IsContiguous() {
 		return // the common case, inlined
 	}
@@ -175,7 +175,7 @@ func (c *checker) contiguous(msg string, args ...targ) {
 }
 
 // first returns the first non-nil tensor of args, or nil.
-func first(args []targ) *tensor.Tensor {
+func first(args []*targ) *tensor.Tensor {
 	if t, _, ok := lone(args); ok {
 		return t
 	}
@@ -194,7 +194,7 @@ func first(args []targ) *tensor.Tensor {
 
 // sameAs fails on the first tensor whose key differs from the first
 // tensor's; why formats the two keys.
-func sameAs[K comparable](c *checker, msg string, args []targ, key func(*tensor.Tensor) K, why string) {
+func sameAs[K comparable](c *checker, msg string, args []*targ, key func(*tensor.Tensor) K, why string) {
 	if _, _, ok := lone(args); ok {
 		return // one tensor is the same as itself (a nil one fails elsewhere)
 	}
@@ -211,15 +211,15 @@ func sameAs[K comparable](c *checker, msg string, args []targ, key func(*tensor.
 	})
 }
 
-func (c *checker) sameDType(msg string, args ...targ) {
+func (c *checker) sameDType(msg string, args ...*targ) {
 	sameAs(c, msg, args, (*tensor.Tensor).DType, "is %v, others are %v")
 }
 
-func (c *checker) sameDevice(msg string, args ...targ) {
+func (c *checker) sameDevice(msg string, args ...*targ) {
 	sameAs(c, msg, args, (*tensor.Tensor).Device, "is on %v, others on %v")
 }
 
-func (c *checker) sameNumel(msg string, args ...targ) {
+func (c *checker) sameNumel(msg string, args ...*targ) {
 	sameAs(c, msg, args, (*tensor.Tensor).Numel, "has %d elements, others %d")
 }
 
@@ -229,7 +229,7 @@ func (c *checker) root(msg string, root int) {
 	}
 }
 
-func (c *checker) rootTensor(msg string, idx int, a targ) {
+func (c *checker) rootTensor(msg string, idx int, a *targ) {
 	if c.err == nil && (idx < 0 || idx >= a.length()) {
 		c.failf(msg, "root tensor %d, %s has %d", idx, a.name, a.length())
 	}
@@ -246,7 +246,7 @@ func (c *checker) peer(msg string, peer int) {
 }
 
 // worldTimes checks numel(big) == size*numel(small), pairwise for lists.
-func (c *checker) worldTimes(msg string, big, small targ) {
+func (c *checker) worldTimes(msg string, big, small *targ) {
 	if c.err != nil {
 		return
 	}
@@ -271,21 +271,21 @@ func (c *checker) worldTimes(msg string, big, small targ) {
 }
 
 // idx maps a pair index to a label index: -1 for single tensors.
-func idx(a targ, i int) int {
+func idx(a *targ, i int) int {
 	if a.shape == 'o' {
 		return -1
 	}
 	return i
 }
 
-func (c *checker) reduceOp(msg string, op backend.ReduceOp, args ...targ) {
+func (c *checker) reduceOp(msg string, op backend.ReduceOp, args ...*targ) {
 	if t, _, ok := lone(args); ok && t != nil && op.ValidFor(t.DType()) == nil {
 		return // the common case, inlined
 	}
 	c.reduceOpSlow(msg, op, args)
 }
 
-func (c *checker) reduceOpSlow(msg string, op backend.ReduceOp, args []targ) {
+func (c *checker) reduceOpSlow(msg string, op backend.ReduceOp, args []*targ) {
 	if c.err != nil {
 		return
 	}
@@ -298,7 +298,7 @@ func (c *checker) reduceOpSlow(msg string, op backend.ReduceOp, args []targ) {
 	}
 }
 
-func (c *checker) splits(msg string, splits []int, a targ) {
+func (c *checker) splits(msg string, splits []int, a *targ) {
 	if c.err != nil || len(splits) == 0 || a.one == nil {
 		return
 	}
@@ -326,7 +326,7 @@ func (c *checker) splits(msg string, splits []int, a targ) {
 // rootedLists checks the list of lists of a gather (outputs) or scatter
 // (inputs): on the root one list of world-size tensors of ref's size,
 // elsewhere nothing.
-func (c *checker) rootedLists(msg string, root int, a targ, ref targ) {
+func (c *checker) rootedLists(msg string, root int, a *targ, ref *targ) {
 	if c.err != nil {
 		return
 	}
@@ -344,7 +344,7 @@ func (c *checker) rootedLists(msg string, root int, a targ, ref targ) {
 		c.failf(msg, "on the root %s has %d lists (first of %d tensors), want 1 list of %d", a.name, len(a.lists), n, c.size)
 		return
 	}
-	r := first([]targ{ref})
+	r := first([]*targ{ref})
 	if r == nil {
 		return
 	}
@@ -358,7 +358,7 @@ func (c *checker) rootedLists(msg string, root int, a targ, ref targ) {
 
 // gatheredLists checks allgather_coalesced: outputs[i] holds world-size
 // tensors of inputs[i]'s size.
-func (c *checker) gatheredLists(msg string, outs, ins targ) {
+func (c *checker) gatheredLists(msg string, outs, ins *targ) {
 	if c.err != nil {
 		return
 	}
@@ -389,7 +389,7 @@ func (c *checker) nonnegTimeout(msg string, d time.Duration) {
 }
 
 // flatten lists every tensor of args, for hooks.
-func flatten(args ...targ) []*tensor.Tensor {
+func flatten(args ...*targ) []*tensor.Tensor {
 	if len(args) == 1 && args[0].shape == 0 {
 		return nil // an op without that role's tensors
 	}

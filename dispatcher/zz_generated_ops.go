@@ -13,25 +13,26 @@ import (
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor, opts backend.BroadcastOptions) (backend.Work, error) {
+	aTensors := list("tensors", tensors)
 	c := pg.checker(backend.OpBroadcast)
-	c.nonEmpty("requires non-empty tensor list", list("tensors", tensors))
+	c.nonEmpty("requires non-empty tensor list", &aTensors)
 	c.root("invalid root rank", opts.RootRank)
-	c.rootTensor("invalid root tensor", opts.RootTensor, list("tensors", tensors))
-	c.contiguous("Tensors must be contiguous", list("tensors", tensors))
-	c.sameDType("tensors with different dtypes", list("tensors", tensors))
-	c.sameDevice("tensors must all be on the same device", list("tensors", tensors))
-	c.sameNumel("invalid tensor size", list("tensors", tensors))
+	c.rootTensor("invalid root tensor", opts.RootTensor, &aTensors)
+	c.contiguous("Tensors must be contiguous", &aTensors)
+	c.sameDType("tensors with different dtypes", &aTensors)
+	c.sameDevice("tensors must all be on the same device", &aTensors)
+	c.sameNumel("invalid tensor size", &aTensors)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpBroadcast, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpBroadcast, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = list("tensors", tensors)
-		call.out = list("tensors", tensors)
+		call.in = aTensors
+		call.out = aTensors
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Broadcast(ctx, call.meta, tensors, opts)
@@ -43,24 +44,25 @@ func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor,
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor, opts backend.AllreduceOptions) (backend.Work, error) {
+	aTensors := list("tensors", tensors)
 	c := pg.checker(backend.OpAllreduce)
-	c.nonEmpty("requires non-empty tensor list", list("tensors", tensors))
-	c.contiguous("Tensors must be contiguous", list("tensors", tensors))
-	c.sameDType("tensors with different dtypes", list("tensors", tensors))
-	c.sameDevice("tensors must all be on the same device", list("tensors", tensors))
-	c.sameNumel("invalid tensor size", list("tensors", tensors))
-	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, list("tensors", tensors))
+	c.nonEmpty("requires non-empty tensor list", &aTensors)
+	c.contiguous("Tensors must be contiguous", &aTensors)
+	c.sameDType("tensors with different dtypes", &aTensors)
+	c.sameDevice("tensors must all be on the same device", &aTensors)
+	c.sameNumel("invalid tensor size", &aTensors)
+	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, &aTensors)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllreduce, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllreduce, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = list("tensors", tensors)
-		call.out = list("tensors", tensors)
+		call.in = aTensors
+		call.out = aTensors
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Allreduce(ctx, call.meta, tensors, opts)
@@ -72,23 +74,24 @@ func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor,
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tensor.Tensor, opts backend.AllreduceCoalescedOptions) (backend.Work, error) {
+	aTensors := list("tensors", tensors)
 	c := pg.checker(backend.OpAllreduceCoalesced)
-	c.nonEmpty("requires non-empty tensor list", list("tensors", tensors))
-	c.contiguous("Tensors must be contiguous", list("tensors", tensors))
-	c.sameDType("tensors with different dtypes", list("tensors", tensors))
-	c.sameDevice("tensors must all be on the same device", list("tensors", tensors))
-	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, list("tensors", tensors))
+	c.nonEmpty("requires non-empty tensor list", &aTensors)
+	c.contiguous("Tensors must be contiguous", &aTensors)
+	c.sameDType("tensors with different dtypes", &aTensors)
+	c.sameDevice("tensors must all be on the same device", &aTensors)
+	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, &aTensors)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllreduceCoalesced, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllreduceCoalesced, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = list("tensors", tensors)
-		call.out = list("tensors", tensors)
+		call.in = aTensors
+		call.out = aTensors
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.AllreduceCoalesced(ctx, call.meta, tensors, opts)
@@ -100,26 +103,27 @@ func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tenso
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, opts backend.ReduceOptions) (backend.Work, error) {
+	aTensors := list("tensors", tensors)
 	c := pg.checker(backend.OpReduce)
-	c.nonEmpty("requires non-empty tensor list", list("tensors", tensors))
+	c.nonEmpty("requires non-empty tensor list", &aTensors)
 	c.root("invalid root rank", opts.RootRank)
-	c.rootTensor("invalid root tensor", opts.RootTensor, list("tensors", tensors))
-	c.contiguous("Tensors must be contiguous", list("tensors", tensors))
-	c.sameDType("tensors with different dtypes", list("tensors", tensors))
-	c.sameDevice("tensors must all be on the same device", list("tensors", tensors))
-	c.sameNumel("invalid tensor size", list("tensors", tensors))
-	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, list("tensors", tensors))
+	c.rootTensor("invalid root tensor", opts.RootTensor, &aTensors)
+	c.contiguous("Tensors must be contiguous", &aTensors)
+	c.sameDType("tensors with different dtypes", &aTensors)
+	c.sameDevice("tensors must all be on the same device", &aTensors)
+	c.sameNumel("invalid tensor size", &aTensors)
+	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, &aTensors)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpReduce, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpReduce, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = list("tensors", tensors)
-		call.out = list("tensors", tensors)
+		call.in = aTensors
+		call.out = aTensors
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Reduce(ctx, call.meta, tensors, opts)
@@ -131,24 +135,26 @@ func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, op
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Allgather(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherOptions) (backend.Work, error) {
+	aOutputs := lists("outputs", outputs)
+	aInputs := list("inputs", inputs)
 	c := pg.checker(backend.OpAllgather)
-	c.single("requires a single-element input tensor list", list("inputs", inputs))
-	c.single("requires a single-element output list", lists("outputs", outputs))
-	c.innerLen("Incorrect output list size. Output list size should be the world size", lists("outputs", outputs), pg.size)
-	c.contiguous("Tensors must be contiguous", lists("outputs", outputs), list("inputs", inputs))
-	c.sameDType("tensors with different dtypes", list("inputs", inputs), lists("outputs", outputs))
-	c.sameDevice("tensors must all be on the same device", list("inputs", inputs), lists("outputs", outputs))
+	c.single("requires a single-element input tensor list", &aInputs)
+	c.single("requires a single-element output list", &aOutputs)
+	c.innerLen("Incorrect output list size. Output list size should be the world size", &aOutputs, pg.size)
+	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
+	c.sameDType("tensors with different dtypes", &aInputs, &aOutputs)
+	c.sameDevice("tensors must all be on the same device", &aInputs, &aOutputs)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllgather, pg.deviceOf(lists("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllgather, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = list("inputs", inputs)
-		call.out = lists("outputs", outputs)
+		call.in = aInputs
+		call.out = aOutputs
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Allgather(ctx, call.meta, outputs, inputs, opts)
@@ -160,22 +166,24 @@ func (pg *ProcessGroup) Allgather(ctx context.Context, outputs [][]*tensor.Tenso
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllgatherIntoTensor(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions) (backend.Work, error) {
+	aOutput := one("output", output)
+	aInput := one("input", input)
 	c := pg.checker(backend.OpAllgatherIntoTensor)
-	c.contiguous("Tensors must be contiguous", one("output", output), one("input", input))
-	c.sameDType("output tensor must have the same type as input tensor", one("input", input), one("output", output))
-	c.sameDevice("tensors must all be on the same device", one("input", input), one("output", output))
-	c.worldTimes("output tensor size must be equal to world_size times input tensor size", one("output", output), one("input", input))
+	c.contiguous("Tensors must be contiguous", &aOutput, &aInput)
+	c.sameDType("output tensor must have the same type as input tensor", &aInput, &aOutput)
+	c.sameDevice("tensors must all be on the same device", &aInput, &aOutput)
+	c.worldTimes("output tensor size must be equal to world_size times input tensor size", &aOutput, &aInput)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensor, pg.deviceOf(one("output", output), one("input", input)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensor, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = one("input", input)
-		call.out = one("output", output)
+		call.in = aInput
+		call.out = aOutput
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.AllgatherIntoTensor(ctx, call.meta, output, input, opts)
@@ -187,24 +195,26 @@ func (pg *ProcessGroup) AllgatherIntoTensor(ctx context.Context, output *tensor.
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllgatherCoalesced(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions) (backend.Work, error) {
+	aOutputs := lists("outputs", outputs)
+	aInputs := list("inputs", inputs)
 	c := pg.checker(backend.OpAllgatherCoalesced)
-	c.nonEmpty("requires non-empty input tensor list", list("inputs", inputs))
-	c.listLen("output list must have one entry per input tensor", lists("outputs", outputs), len(inputs))
-	c.contiguous("Tensors must be contiguous", lists("outputs", outputs), list("inputs", inputs))
-	c.sameDType("tensors with different dtypes", list("inputs", inputs), lists("outputs", outputs))
-	c.sameDevice("tensors must all be on the same device", list("inputs", inputs), lists("outputs", outputs))
-	c.gatheredLists("invalid output tensor list: each entry needs world_size tensors of its input's size", lists("outputs", outputs), list("inputs", inputs))
+	c.nonEmpty("requires non-empty input tensor list", &aInputs)
+	c.listLen("output list must have one entry per input tensor", &aOutputs, len(inputs))
+	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
+	c.sameDType("tensors with different dtypes", &aInputs, &aOutputs)
+	c.sameDevice("tensors must all be on the same device", &aInputs, &aOutputs)
+	c.gatheredLists("invalid output tensor list: each entry needs world_size tensors of its input's size", &aOutputs, &aInputs)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllgatherCoalesced, pg.deviceOf(lists("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllgatherCoalesced, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = list("inputs", inputs)
-		call.out = lists("outputs", outputs)
+		call.in = aInputs
+		call.out = aOutputs
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.AllgatherCoalesced(ctx, call.meta, outputs, inputs, opts)
@@ -216,24 +226,26 @@ func (pg *ProcessGroup) AllgatherCoalesced(ctx context.Context, outputs [][]*ten
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllgatherIntoTensorCoalesced(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions) (backend.Work, error) {
+	aOutputs := list("outputs", outputs)
+	aInputs := list("inputs", inputs)
 	c := pg.checker(backend.OpAllgatherIntoTensorCoalesced)
-	c.nonEmpty("requires non-empty input tensor list", list("inputs", inputs))
-	c.listLen("output and input lists must have the same length", list("outputs", outputs), len(inputs))
-	c.contiguous("Tensors must be contiguous", list("outputs", outputs), list("inputs", inputs))
-	c.sameDType("tensors with different dtypes", list("inputs", inputs), list("outputs", outputs))
-	c.sameDevice("tensors must all be on the same device", list("inputs", inputs), list("outputs", outputs))
-	c.worldTimes("output tensor size must be equal to world_size times input tensor size", list("outputs", outputs), list("inputs", inputs))
+	c.nonEmpty("requires non-empty input tensor list", &aInputs)
+	c.listLen("output and input lists must have the same length", &aOutputs, len(inputs))
+	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
+	c.sameDType("tensors with different dtypes", &aInputs, &aOutputs)
+	c.sameDevice("tensors must all be on the same device", &aInputs, &aOutputs)
+	c.worldTimes("output tensor size must be equal to world_size times input tensor size", &aOutputs, &aInputs)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensorCoalesced, pg.deviceOf(list("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensorCoalesced, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = list("inputs", inputs)
-		call.out = list("outputs", outputs)
+		call.in = aInputs
+		call.out = aOutputs
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.AllgatherIntoTensorCoalesced(ctx, call.meta, outputs, inputs, opts)
@@ -245,25 +257,27 @@ func (pg *ProcessGroup) AllgatherIntoTensorCoalesced(ctx context.Context, output
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) ReduceScatter(ctx context.Context, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ReduceScatterOptions) (backend.Work, error) {
+	aOutputs := list("outputs", outputs)
+	aInputs := lists("inputs", inputs)
 	c := pg.checker(backend.OpReduceScatter)
-	c.single("requires a single-element output tensor list", list("outputs", outputs))
-	c.single("requires a single-element input list", lists("inputs", inputs))
-	c.innerLen("Incorrect input list size. Input list size should be the world size", lists("inputs", inputs), pg.size)
-	c.contiguous("Tensors must be contiguous", list("outputs", outputs), lists("inputs", inputs))
-	c.sameDType("tensors with different dtypes", list("outputs", outputs), lists("inputs", inputs))
-	c.sameDevice("tensors must all be on the same device", list("outputs", outputs), lists("inputs", inputs))
-	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, list("outputs", outputs))
+	c.single("requires a single-element output tensor list", &aOutputs)
+	c.single("requires a single-element input list", &aInputs)
+	c.innerLen("Incorrect input list size. Input list size should be the world size", &aInputs, pg.size)
+	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
+	c.sameDType("tensors with different dtypes", &aOutputs, &aInputs)
+	c.sameDevice("tensors must all be on the same device", &aOutputs, &aInputs)
+	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, &aOutputs)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpReduceScatter, pg.deviceOf(list("outputs", outputs), lists("inputs", inputs)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpReduceScatter, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = lists("inputs", inputs)
-		call.out = list("outputs", outputs)
+		call.in = aInputs
+		call.out = aOutputs
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.ReduceScatter(ctx, call.meta, outputs, inputs, opts)
@@ -275,23 +289,25 @@ func (pg *ProcessGroup) ReduceScatter(ctx context.Context, outputs []*tensor.Ten
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) ReduceScatterTensor(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.ReduceScatterTensorOptions) (backend.Work, error) {
+	aOutput := one("output", output)
+	aInput := one("input", input)
 	c := pg.checker(backend.OpReduceScatterTensor)
-	c.contiguous("Tensors must be contiguous", one("output", output), one("input", input))
-	c.sameDType("input tensor must be the same type as the output tensor", one("input", input), one("output", output))
-	c.sameDevice("tensors must all be on the same device", one("input", input), one("output", output))
-	c.worldTimes("input tensor must be the same size as output size times world size", one("input", input), one("output", output))
-	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, one("input", input))
+	c.contiguous("Tensors must be contiguous", &aOutput, &aInput)
+	c.sameDType("input tensor must be the same type as the output tensor", &aInput, &aOutput)
+	c.sameDevice("tensors must all be on the same device", &aInput, &aOutput)
+	c.worldTimes("input tensor must be the same size as output size times world size", &aInput, &aOutput)
+	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, &aInput)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensor, pg.deviceOf(one("output", output), one("input", input)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensor, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = one("input", input)
-		call.out = one("output", output)
+		call.in = aInput
+		call.out = aOutput
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.ReduceScatterTensor(ctx, call.meta, output, input, opts)
@@ -303,25 +319,27 @@ func (pg *ProcessGroup) ReduceScatterTensor(ctx context.Context, output *tensor.
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) ReduceScatterTensorCoalesced(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.ReduceScatterTensorCoalescedOptions) (backend.Work, error) {
+	aOutputs := list("outputs", outputs)
+	aInputs := list("inputs", inputs)
 	c := pg.checker(backend.OpReduceScatterTensorCoalesced)
-	c.nonEmpty("requires non-empty input tensor list", list("inputs", inputs))
-	c.listLen("output and input lists must have the same length", list("outputs", outputs), len(inputs))
-	c.contiguous("Tensors must be contiguous", list("outputs", outputs), list("inputs", inputs))
-	c.sameDType("tensors with different dtypes", list("inputs", inputs), list("outputs", outputs))
-	c.sameDevice("tensors must all be on the same device", list("inputs", inputs), list("outputs", outputs))
-	c.worldTimes("input tensor must be the same size as output size times world size", list("inputs", inputs), list("outputs", outputs))
-	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, list("inputs", inputs))
+	c.nonEmpty("requires non-empty input tensor list", &aInputs)
+	c.listLen("output and input lists must have the same length", &aOutputs, len(inputs))
+	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
+	c.sameDType("tensors with different dtypes", &aInputs, &aOutputs)
+	c.sameDevice("tensors must all be on the same device", &aInputs, &aOutputs)
+	c.worldTimes("input tensor must be the same size as output size times world size", &aInputs, &aOutputs)
+	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, &aInputs)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensorCoalesced, pg.deviceOf(list("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensorCoalesced, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = list("inputs", inputs)
-		call.out = list("outputs", outputs)
+		call.in = aInputs
+		call.out = aOutputs
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.ReduceScatterTensorCoalesced(ctx, call.meta, outputs, inputs, opts)
@@ -333,23 +351,25 @@ func (pg *ProcessGroup) ReduceScatterTensorCoalesced(ctx context.Context, output
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Alltoall(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AlltoallOptions) (backend.Work, error) {
+	aOutputs := list("outputs", outputs)
+	aInputs := list("inputs", inputs)
 	c := pg.checker(backend.OpAlltoall)
-	c.listLen("Incorrect output list size. Output list size should be the world size", list("outputs", outputs), pg.size)
-	c.listLen("Incorrect input list size. Input list size should be the world size", list("inputs", inputs), pg.size)
-	c.contiguous("Tensors must be contiguous", list("outputs", outputs), list("inputs", inputs))
-	c.sameDType("tensors with different dtypes", list("inputs", inputs), list("outputs", outputs))
-	c.sameDevice("tensors must all be on the same device", list("inputs", inputs), list("outputs", outputs))
+	c.listLen("Incorrect output list size. Output list size should be the world size", &aOutputs, pg.size)
+	c.listLen("Incorrect input list size. Input list size should be the world size", &aInputs, pg.size)
+	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
+	c.sameDType("tensors with different dtypes", &aInputs, &aOutputs)
+	c.sameDevice("tensors must all be on the same device", &aInputs, &aOutputs)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAlltoall, pg.deviceOf(list("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAlltoall, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = list("inputs", inputs)
-		call.out = list("outputs", outputs)
+		call.in = aInputs
+		call.out = aOutputs
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Alltoall(ctx, call.meta, outputs, inputs, opts)
@@ -361,23 +381,25 @@ func (pg *ProcessGroup) Alltoall(ctx context.Context, outputs []*tensor.Tensor, 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AlltoallBase(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.AlltoallBaseOptions) (backend.Work, error) {
+	aOutput := one("output", output)
+	aInput := one("input", input)
 	c := pg.checker(backend.OpAlltoallBase)
-	c.contiguous("Tensors must be contiguous", one("output", output), one("input", input))
-	c.sameDType("tensors with different dtypes", one("input", input), one("output", output))
-	c.sameDevice("tensors must all be on the same device", one("input", input), one("output", output))
-	c.splits("invalid output split sizes", opts.OutputSplitSizes, one("output", output))
-	c.splits("invalid input split sizes", opts.InputSplitSizes, one("input", input))
+	c.contiguous("Tensors must be contiguous", &aOutput, &aInput)
+	c.sameDType("tensors with different dtypes", &aInput, &aOutput)
+	c.sameDevice("tensors must all be on the same device", &aInput, &aOutput)
+	c.splits("invalid output split sizes", opts.OutputSplitSizes, &aOutput)
+	c.splits("invalid input split sizes", opts.InputSplitSizes, &aInput)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAlltoallBase, pg.deviceOf(one("output", output), one("input", input)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAlltoallBase, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = one("input", input)
-		call.out = one("output", output)
+		call.in = aInput
+		call.out = aOutput
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.AlltoallBase(ctx, call.meta, output, input, opts)
@@ -389,24 +411,26 @@ func (pg *ProcessGroup) AlltoallBase(ctx context.Context, output *tensor.Tensor,
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Gather(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions) (backend.Work, error) {
+	aOutputs := lists("outputs", outputs)
+	aInputs := list("inputs", inputs)
 	c := pg.checker(backend.OpGather)
 	c.root("invalid root rank", opts.RootRank)
-	c.single("requires a single-element input tensor list", list("inputs", inputs))
-	c.rootedLists("requires a single-element output list of world_size tensors on the root and an empty output list elsewhere", opts.RootRank, lists("outputs", outputs), list("inputs", inputs))
-	c.contiguous("Tensors must be contiguous", lists("outputs", outputs), list("inputs", inputs))
-	c.sameDType("tensors with different dtypes", list("inputs", inputs), lists("outputs", outputs))
-	c.sameDevice("tensors must all be on the same device", list("inputs", inputs), lists("outputs", outputs))
+	c.single("requires a single-element input tensor list", &aInputs)
+	c.rootedLists("requires a single-element output list of world_size tensors on the root and an empty output list elsewhere", opts.RootRank, &aOutputs, &aInputs)
+	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
+	c.sameDType("tensors with different dtypes", &aInputs, &aOutputs)
+	c.sameDevice("tensors must all be on the same device", &aInputs, &aOutputs)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpGather, pg.deviceOf(lists("outputs", outputs), list("inputs", inputs)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpGather, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = list("inputs", inputs)
-		call.out = lists("outputs", outputs)
+		call.in = aInputs
+		call.out = aOutputs
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Gather(ctx, call.meta, outputs, inputs, opts)
@@ -418,24 +442,26 @@ func (pg *ProcessGroup) Gather(ctx context.Context, outputs [][]*tensor.Tensor, 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Scatter(ctx context.Context, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions) (backend.Work, error) {
+	aOutputs := list("outputs", outputs)
+	aInputs := lists("inputs", inputs)
 	c := pg.checker(backend.OpScatter)
 	c.root("invalid root rank", opts.RootRank)
-	c.single("requires a single-element output tensor list", list("outputs", outputs))
-	c.rootedLists("requires a single-element input list of world_size tensors on the root and an empty input list elsewhere", opts.RootRank, lists("inputs", inputs), list("outputs", outputs))
-	c.contiguous("Tensors must be contiguous", list("outputs", outputs), lists("inputs", inputs))
-	c.sameDType("tensors with different dtypes", list("outputs", outputs), lists("inputs", inputs))
-	c.sameDevice("tensors must all be on the same device", list("outputs", outputs), lists("inputs", inputs))
+	c.single("requires a single-element output tensor list", &aOutputs)
+	c.rootedLists("requires a single-element input list of world_size tensors on the root and an empty input list elsewhere", opts.RootRank, &aInputs, &aOutputs)
+	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
+	c.sameDType("tensors with different dtypes", &aOutputs, &aInputs)
+	c.sameDevice("tensors must all be on the same device", &aOutputs, &aInputs)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpScatter, pg.deviceOf(list("outputs", outputs), lists("inputs", inputs)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpScatter, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = lists("inputs", inputs)
-		call.out = list("outputs", outputs)
+		call.in = aInputs
+		call.out = aOutputs
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.Scatter(ctx, call.meta, outputs, inputs, opts)
@@ -447,21 +473,22 @@ func (pg *ProcessGroup) Scatter(ctx context.Context, outputs []*tensor.Tensor, i
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst int, opts backend.SendOptions) (backend.Work, error) {
+	aTensors := list("tensors", tensors)
 	c := pg.checker(backend.OpSend)
-	c.single("requires a single-element tensor list", list("tensors", tensors))
+	c.single("requires a single-element tensor list", &aTensors)
 	c.peer("invalid destination rank", dst)
-	c.contiguous("Tensors must be contiguous", list("tensors", tensors))
+	c.contiguous("Tensors must be contiguous", &aTensors)
 	c.tag("tag must not be negative", opts.Tag)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpSend, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpSend, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.in = list("tensors", tensors)
+		call.in = aTensors
 		call.peer = dst
 	}
 	pg.pre(ctx, &call)
@@ -474,21 +501,22 @@ func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src int, opts backend.RecvOptions) (backend.Work, error) {
+	aTensors := list("tensors", tensors)
 	c := pg.checker(backend.OpRecv)
-	c.single("requires a single-element tensor list", list("tensors", tensors))
+	c.single("requires a single-element tensor list", &aTensors)
 	c.peer("invalid source rank", src)
-	c.contiguous("Tensors must be contiguous", list("tensors", tensors))
+	c.contiguous("Tensors must be contiguous", &aTensors)
 	c.tag("tag must not be negative", opts.Tag)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpRecv, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpRecv, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.out = list("tensors", tensors)
+		call.out = aTensors
 		call.peer = src
 	}
 	pg.pre(ctx, &call)
@@ -501,20 +529,21 @@ func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) RecvAnysource(ctx context.Context, tensors []*tensor.Tensor, opts backend.RecvAnysourceOptions) (backend.Work, error) {
+	aTensors := list("tensors", tensors)
 	c := pg.checker(backend.OpRecvAnysource)
-	c.single("requires a single-element tensor list", list("tensors", tensors))
-	c.contiguous("Tensors must be contiguous", list("tensors", tensors))
+	c.single("requires a single-element tensor list", &aTensors)
+	c.contiguous("Tensors must be contiguous", &aTensors)
 	c.tag("tag must not be negative", opts.Tag)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpRecvAnysource, pg.deviceOf(list("tensors", tensors)), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpRecvAnysource, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if pg.observed() {
-		call.out = list("tensors", tensors)
+		call.out = aTensors
 	}
 	pg.pre(ctx, &call)
 	w, err := call.backend.RecvAnysource(ctx, call.meta, tensors, opts)

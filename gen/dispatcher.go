@@ -26,6 +26,17 @@ func targ(op *OpSpec, name string) *Statement {
 	return Id(ctor).Call(Lit(name), Id(name))
 }
 
+// argVar names the local that holds a tensor argument's checker view: the
+// generated method builds each view once and passes the checks a pointer
+// to it, so that a check costs no copy of the view.
+func argVar(name string) string { return "a" + strings.ToUpper(name[:1]) + name[1:] }
+
+// isTensorArg reports whether the op's argument name is a tensor argument.
+func isTensorArg(op *OpSpec, name string) bool {
+	a := op.arg(name)
+	return a != nil && (a.Type == "tensor" || a.Type == "tensors" || a.Type == "tensor_lists")
+}
+
 // ruleArg renders one rule argument as the checker method expects it.
 func ruleArg(op *OpSpec, kind byte, a string) *Statement {
 	if name, ok := strings.CutPrefix(a, "opt."); ok {
@@ -43,7 +54,7 @@ func ruleArg(op *OpSpec, kind byte, a string) *Statement {
 		}
 		return Len(Id(a))
 	}
-	return targ(op, a)
+	return Op("&").Id(argVar(a))
 }
 
 func ruleCall(op *OpSpec, r Rule) *Statement {
@@ -56,13 +67,26 @@ func ruleCall(op *OpSpec, r Rule) *Statement {
 	return Id("c").Dot(checkMethods[r.Check]).Call(args...)
 }
 
-// roleArgs returns the tensor args whose role is one of want.
+// roleNames returns the names of the tensor args whose role is one of want.
+func roleNames(op *OpSpec, want ...string) []string {
+	var out []string
+	for _, a := range op.Args {
+		for _, w := range want {
+			if a.Role == w {
+				out = append(out, a.Name)
+			}
+		}
+	}
+	return out
+}
+
+// roleArgs returns the views of the tensor args whose role is one of want.
 func roleArgs(op *OpSpec, want ...string) []Code {
 	var out []Code
 	for _, a := range op.Args {
 		for _, w := range want {
 			if a.Role == w {
-				out = append(out, targ(op, a.Name))
+				out = append(out, Op("&").Id(argVar(a.Name)))
 			}
 		}
 	}
@@ -83,9 +107,21 @@ func genDispatcher(s *Spec) ([]byte, error) {
 		params = append(params, Id("opts").Qual(pkgBackend, optionsName(op)))
 		callArgs = append([]Code{Id("ctx"), Id("call").Dot("meta")}, append(callArgs, Id("opts"))...)
 
-		body := []Code{
-			Id("c").Op(":=").Id("pg").Dot("checker").Call(Qual(pkgBackend, opConst(op))),
+		// The views of the tensor arguments that the rules or the routing
+		// use, in argument order.
+		used := map[string]bool{}
+		for _, r := range op.Rules {
+			for _, a := range r.Args {
+				used[a] = isTensorArg(op, a)
+			}
 		}
+		body := []Code{}
+		for _, a := range op.Args {
+			if isTensorArg(op, a.Name) && (used[a.Name] || a.Role == "in" || a.Role == "out" || a.Role == "inout") {
+				body = append(body, Id(argVar(a.Name)).Op(":=").Add(targ(op, a.Name)))
+			}
+		}
+		body = append(body, Id("c").Op(":=").Id("pg").Dot("checker").Call(Qual(pkgBackend, opConst(op))))
 		for _, r := range op.Rules {
 			body = append(body, ruleCall(op, r))
 		}
@@ -112,12 +148,12 @@ func genDispatcher(s *Spec) ([]byte, error) {
 		// (a targ, on the stack), so the common path allocates nothing.
 		hookSet := []Code{}
 		if ins := roleArgs(op, "in", "inout"); len(ins) == 1 {
-			hookSet = append(hookSet, Id("call").Dot("in").Op("=").Add(ins[0]))
+			hookSet = append(hookSet, Id("call").Dot("in").Op("=").Id(argVar(roleNames(op, "in", "inout")[0])))
 		} else if len(ins) > 1 {
 			return nil, fmt.Errorf("op %s: %d input arguments; the dispatcher notes one", op.Name, len(ins))
 		}
 		if outs := roleArgs(op, "out", "inout"); len(outs) == 1 {
-			hookSet = append(hookSet, Id("call").Dot("out").Op("=").Add(outs[0]))
+			hookSet = append(hookSet, Id("call").Dot("out").Op("=").Id(argVar(roleNames(op, "out", "inout")[0])))
 		} else if len(outs) > 1 {
 			return nil, fmt.Errorf("op %s: %d output arguments; the dispatcher notes one", op.Name, len(outs))
 		}
