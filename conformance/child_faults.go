@@ -82,16 +82,22 @@ func (c *Child) noJoin(dcfg dispatcher.Config) error {
 // matching allreduce, which must work.
 //
 // "mismatch-size": rank 0 allreduces 1024 float32 elements, the others
-// 1000.
+// 1000; "mismatch-size4m": 4 MiB (1 Mi elements) against 1 Mi - 1024.
 func (c *Child) mismatch() error {
 	dt, n := tensor.Int32, 1024
 	if c.Rank == 0 {
 		dt = tensor.Float32
 	}
-	if c.Scenario == "mismatch-size" {
+	switch c.Scenario {
+	case "mismatch-size":
 		dt = tensor.Float32
 		if c.Rank != 0 {
 			n = 1000
+		}
+	case "mismatch-size4m":
+		dt, n = tensor.Float32, 1<<20
+		if c.Rank != 0 {
+			n -= 1024
 		}
 	}
 	x, err := c.tensorOf(dt, n)
