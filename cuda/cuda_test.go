@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/gocoll/gocoll/cuda"
 	"github.com/gocoll/gocoll/tensor"
@@ -311,5 +312,68 @@ func TestGraphCapture(t *testing.T) {
 	}
 	if v := h.At(63); v != 9 {
 		t.Fatalf("graph did not run: %v", v)
+	}
+}
+
+// TestBufferOutlivesItsStream: a Buffer whose allocation stream was
+// destroyed, with work still queued there, is freed safely when its last
+// reference goes (the order a backend's stash sees: the caller frees the
+// tensor and destroys its stream, the op's stash lets go later). Using the
+// destroyed handle for the free is undefined behaviour (cuStreamDestroy);
+// on nvidia-h200 it crashed the process in cuMemFreeAsync. The pool must
+// still serve allocations on a new stream afterwards.
+func TestBufferOutlivesItsStream(t *testing.T) {
+	d := device0(t)
+	const words = 1 << 18
+	for i := range 64 {
+		s, err := d.NewStream(cuda.StreamOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := d.AllocOn(s, 4*words)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Memset32(b.Ptr(), uint32(i), words); err != nil {
+			t.Fatal(err)
+		}
+		b.Retain() // a pending op's stash
+		if err := b.Free(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Destroy(); err != nil {
+			t.Fatal(err)
+		}
+		if s.Handle() != 0 {
+			t.Fatalf("a destroyed stream still reports handle %#x", s.Handle())
+		}
+		if err := b.Release(); err != nil {
+			t.Fatalf("round %d: the last release after the stream was destroyed: %v", i, err)
+		}
+	}
+	s, err := d.NewStream(cuda.StreamOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	b, err := d.AllocOn(s, 4*words)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Memset32(b.Ptr(), 5, words); err != nil {
+		t.Fatal(err)
+	}
+	var w [4]byte
+	if err := s.CopyDtoH(unsafe.Pointer(&w[0]), b.Ptr()+4*(words-1), 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if got := binary.LittleEndian.Uint32(w[:]); got != 5 {
+		t.Fatalf("after the frees, a new buffer read %d, want 5", got)
+	}
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
 	}
 }

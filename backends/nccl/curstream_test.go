@@ -251,3 +251,67 @@ func TestAsyncOnCurrentStreamTimeout(t *testing.T) {
 		return e.expect(x, func(int) float64 { return sumRanks(e.n) * float64(e.n) })
 	})
 }
+
+// TestStashOutlivesCurrentStream: with Options.AsyncOnCurrentStream, the
+// caller frees the op's tensor and destroys the stream it was allocated
+// and run on without calling Wait; the watchdog hands the stash over for
+// release, and Close releases it. The last reference must free the memory
+// without the destroyed stream's handle: before the fix this crashed in
+// cuMemFreeAsync (the conftest suite under
+// GOCOLL_NCCL_ASYNC_ON_CURRENT_STREAM=1, nvidia-h200, 2026-12-01). The
+// watchdog's rounds meanwhile must not mistake the destroyed stream's
+// work for another stream's.
+func TestStashOutlivesCurrentStream(t *testing.T) {
+	o := curStreamOpts()
+	o.WatchdogInterval = 10 * time.Millisecond
+	e := newRanks(t, 1, o)[0]
+	for i := range 8 {
+		s, err := e.dev.NewStream(cuda.StreamOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		es := *e
+		es.cur, es.ctx = s, cuda.WithStream(context.Background(), s)
+		x, err := ones(&es)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := e.b.Allreduce(es.ctx, es.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.seq = es.seq
+		if err := x.Free(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Destroy(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err = w.WaitHost(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 {
+			continue // left stashed, or handed over: the next op or Close releases it
+		}
+		wk := w.(*Work)
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			wk.mu.Lock()
+			left := wk.nstash + len(wk.more)
+			wk.mu.Unlock()
+			if left == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the watchdog did not take the stash of a completed, unwaited op")
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.b.Close(ctx); err != nil {
+		t.Fatalf("Close after the current streams were destroyed: %v", err)
+	}
+}
