@@ -22,12 +22,18 @@ import (
 // (cuMemFreeAsync on the stream it was allocated on) when the last one is
 // dropped. This is PyTorch's caching-allocator hazard and protection: the
 // block returns to its allocation stream, which may reuse it at once.
+//
+// The last reference may go after the allocation stream was destroyed (a
+// stash outliving the caller's stream): the Buffer holds a reference on
+// the stream's driver handle (streamLife), so the free is still queued on
+// a live stream, ordered after everything queued there.
 type Buffer struct {
 	ptr    uintptr
 	n      int
 	ctx    uintptr
 	device int
-	stream uintptr // allocation stream, where the free is ordered
+	stream uintptr     // allocation stream, where the free is ordered
+	life   *streamLife // keeps stream's handle valid until the free; nil for the default stream
 	refs   atomic.Int32
 	owner  atomic.Bool // the owner's reference is still held
 }
@@ -55,6 +61,10 @@ func (d *Device) AllocOn(s *Stream, n int) (*Buffer, error) {
 		return nil, err
 	}
 	b.ptr = uintptr(p)
+	if s != nil {
+		b.life = s.life
+		b.life.retain()
+	}
 	return b, nil
 }
 
@@ -90,9 +100,10 @@ func (b *Buffer) Release() error {
 	if b.ptr == 0 {
 		return nil
 	}
-	p := b.ptr
-	b.ptr = 0
-	return check("cuMemFreeAsync", C.gc_mem_free_async(C.uintptr_t(b.ctx), C.CUdeviceptr(p), C.uintptr_t(b.stream)))
+	p, l := b.ptr, b.life
+	b.ptr, b.life = 0, nil
+	err := check("cuMemFreeAsync", C.gc_mem_free_async(C.uintptr_t(b.ctx), C.CUdeviceptr(p), C.uintptr_t(b.stream)))
+	return errors.Join(err, l.release())
 }
 
 // Retainer is implemented by device memory that a pending op can keep

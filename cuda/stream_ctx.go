@@ -18,6 +18,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,6 +30,39 @@ type Stream struct {
 	ctx      uintptr // primary CUcontext of device
 	owned    bool    // created by NewStream, destroyed by Destroy
 	priority int
+	life     *streamLife // nil for the default stream and after Destroy
+}
+
+// streamLife keeps a created stream's CUstream alive while buffers
+// allocated on it still have to be freed there. A stream-ordered free is
+// ordered by the stream it is queued on, and the allocation stream is the
+// one that orders it after everything queued there (the caller's later
+// kernels included); but using a handle after cuStreamDestroy is undefined
+// behaviour (on nvidia-h200, cuMemFreeAsync on a destroyed stream
+// crashed). So Destroy drops the stream's own reference and each live
+// Buffer holds one: the driver's stream is destroyed when the last of them
+// goes, after that buffer's free is queued. cuStreamDestroy with work
+// still queued returns at once and releases the stream once that work is
+// done, so the deferral changes nothing for the device.
+type streamLife struct {
+	handle uintptr
+	ctx    uintptr
+	refs   atomic.Int64 // the Stream's own (until Destroy) + one per live Buffer
+}
+
+// retain takes a reference for a Buffer allocated on the stream.
+func (l *streamLife) retain() {
+	if l != nil {
+		l.refs.Add(1)
+	}
+}
+
+// release drops a reference; the last one destroys the CUstream.
+func (l *streamLife) release() error {
+	if l == nil || l.refs.Add(-1) != 0 {
+		return nil
+	}
+	return check("cuStreamDestroy", C.gc_stream_destroy(C.uintptr_t(l.ctx), C.uintptr_t(l.handle)))
 }
 
 // Handle returns the CUstream handle (0 for the default stream).
@@ -123,18 +157,24 @@ func (d *Device) NewStream(opts StreamOptions) (*Stream, error) {
 	if err := check("cuStreamCreateWithPriority", C.gc_stream_create(C.uintptr_t(d.ctx), &h, flags, C.int(prio))); err != nil {
 		return nil, err
 	}
-	return &Stream{handle: uintptr(h), device: d.ordinal, ctx: d.ctx, owned: true, priority: prio}, nil
+	l := &streamLife{handle: uintptr(h), ctx: d.ctx}
+	l.refs.Store(1)
+	return &Stream{handle: uintptr(h), device: d.ordinal, ctx: d.ctx, owned: true, priority: prio, life: l}, nil
 }
 
 // Destroy releases a stream made by NewStream. Work already queued on it
-// still runs. Destroying the default stream is a no-op.
+// still runs. Destroying the default stream is a no-op. After Destroy the
+// Stream's handle reads 0 and the stream must not be used; buffers
+// allocated on it stay valid, and each is still freed in the stream's
+// order when its last reference goes (the driver's stream is destroyed
+// then, after the last of those frees is queued).
 func (s *Stream) Destroy() error {
 	if s == nil || !s.owned || s.handle == 0 {
 		return nil
 	}
-	h := s.handle
-	s.handle, s.owned = 0, false
-	return check("cuStreamDestroy", C.gc_stream_destroy(C.uintptr_t(s.ctx), C.uintptr_t(h)))
+	l := s.life
+	s.handle, s.owned, s.life = 0, false, nil
+	return l.release()
 }
 
 // Query reports, without blocking, whether everything queued on s is done.

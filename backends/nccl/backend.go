@@ -676,6 +676,24 @@ func (b *Backend) Close(ctx context.Context) error {
 		}
 	}
 	b.stopWatchdog()
+	// The watchdog must be out of its round before the events are destroyed
+	// below (it queries them) and before the stashes are released (it may
+	// still hand some over, which nothing would release after this).
+	select {
+	case <-b.wdDone:
+	case <-ctx.Done():
+		err = fmt.Errorf("nccl: close: waiting for the watchdog: %w", ctx.Err())
+		b.abortAll(context.Background(), err)
+		return err
+	}
+	// The stashes the watchdog did not get to, of works never waited on,
+	// go too once their kernels are known done; a failed work's kernel may
+	// still run, so its stash stays (as the watchdog keeps it).
+	for _, w := range b.pendingWorks() {
+		if w.done.Load() {
+			w.releaseStash()
+		}
+	}
 	b.enqueue(nil)
 	for _, c := range b.comms() {
 		if c.aborted.Swap(true) {

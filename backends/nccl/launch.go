@@ -144,7 +144,7 @@ func (b *Backend) launch(ctx context.Context, m backend.Meta, c *comm, async boo
 		// one; when the caller made the internal stream current (a Work's
 		// Stream()), stream order already does, and the record and wait
 		// (~0.2-0.4 us each, BenchmarkDriverCalls) would be a no-op.
-		if cur.Handle() != c.stream.Handle() {
+		if cur != c.stream {
 			syncEv = c.syncEv.Handle()
 		}
 	}

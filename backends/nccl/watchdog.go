@@ -101,7 +101,12 @@ func (b *Backend) watchdog() {
 	// finished: one event query per busy stream, not one per pending work
 	// (thousands when a loop issues faster than the GPU drains, and each
 	// query contends with the issuing thread for the driver).
-	busy := map[uintptr]bool{}
+	// Keyed by the *cuda.Stream, never its handle: the caller may destroy
+	// its stream while works queued there are pending (Destroy zeroes the
+	// handle, and the driver may hand the same handle to a new stream), and
+	// two streams sharing a key would let one stream's completion retire
+	// the other's running works and release their stashes early.
+	busy := map[*cuda.Stream]bool{}
 	// The newest pending work of each communicator and stream, and the
 	// launch number up to which that stream is known done. When a loop
 	// issues faster than the watchdog's period and the GPU keeps up, every
@@ -137,7 +142,7 @@ func (b *Backend) watchdog() {
 		clear(newest)
 		clear(doneTo)
 		for _, w := range scratch {
-			k := laneKey{w.c, w.stream.Handle()}
+			k := laneKey{w.c, w.stream}
 			if n := newest[k]; n == nil || w.lseq > n.lseq {
 				newest[k] = w
 			}
@@ -148,19 +153,19 @@ func (b *Backend) watchdog() {
 			}
 		}
 		for _, w := range scratch {
-			if up, ok := doneTo[laneKey{w.c, w.stream.Handle()}]; ok && w.lseq <= up {
+			if up, ok := doneTo[laneKey{w.c, w.stream}]; ok && w.lseq <= up {
 				freed = append(freed, w)
-				if w != newest[laneKey{w.c, w.stream.Handle()}] {
+				if w != newest[laneKey{w.c, w.stream}] {
 					w.completeInOrder()
 				}
 				continue
 			}
-			if h := w.stream.Handle(); !busy[h] {
+			if !busy[w.stream] {
 				if w.poll() {
 					freed = append(freed, w)
 					continue
 				}
-				busy[h] = true
+				busy[w.stream] = true
 			}
 		}
 		b.mu.Lock()
@@ -196,10 +201,11 @@ func (b *Backend) watchdog() {
 }
 
 // laneKey is one communicator's launches on one stream: their launch
-// numbers follow their order on the stream.
+// numbers follow their order on the stream. The stream is the Work's
+// *cuda.Stream (see busy in watchdog).
 type laneKey struct {
 	c      *comm
-	stream uintptr
+	stream *cuda.Stream
 }
 
 // retireLocked tells the unit which works have finished. b.mu is held.

@@ -248,7 +248,9 @@ func (w *Work) Wait(ctx context.Context) error {
 		w.mu.Lock()
 		if !w.finished.Load() {
 			cur := cuda.StreamFor(ctx, w.c.dev)
-			if cur.Handle() != w.stream.Handle() {
+			// By identity: w.stream may have been destroyed by now (its
+			// handle reads 0, as the default stream's does).
+			if cur != w.stream {
 				if err := cur.WaitEvent(w.end); err != nil {
 					w.mu.Unlock()
 					return w.opErr(backend.ErrAborted, err)
