@@ -222,7 +222,7 @@ func (b *Backend) fpTickLocked() {
 	for _, p := range ranks {
 		if culprit, err := g.board.gone(p); err != nil {
 			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrRemote, Ranks: []int{culprit},
-				Detail: fmt.Sprintf("%v, before rank %d published its fingerprint of op %d; UCC never saw the op", err, p, w.fpw.seq)})
+				Detail: fmt.Sprintf("%v, before rank %d published this op's fingerprint; UCC never saw the op", err, p)})
 			return
 		}
 	}

@@ -193,7 +193,14 @@ func TestShmBoardFile(t *testing.T) {
 	if _, err := bs[0].gone(2); err != nil {
 		t.Fatalf("a live peer reported gone: %v", err)
 	}
+	// Killed and not yet reaped (a zombie), then reaped: gone either way.
 	_ = cmd.Process.Kill()
+	for deadline := time.Now().Add(5 * time.Second); !exited(cmd.Process.Pid) && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	if r, err := bs[0].gone(2); err == nil || r != 2 {
+		t.Fatalf("gone(2) of a zombie = %d, %v, want an error naming rank 2", r, err)
+	}
 	_ = cmd.Wait()
 	s := slotFor(backend.OpAllreduce, tensor.Float32, nil, 8, -1)
 	bs[1].post(5, s)

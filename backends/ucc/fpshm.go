@@ -1,12 +1,14 @@
 package ucc
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 
 	"github.com/gocoll/gocoll/internal/shm"
@@ -19,7 +21,7 @@ import (
 // process.
 //
 // A peer that dies leaves its slots empty: gone sees it by its process id
-// (kill 0 answers ESRCH), which every rank writes into its ring header.
+// (gone, or a zombie), which every rank writes into its ring header.
 type shmBoard struct {
 	r    *fpRings
 	rank int
@@ -117,10 +119,29 @@ func (s *shmBoard) gone(peer int) (int, error) {
 	if peer >= len(s.pids) || s.pids[peer] == 0 {
 		return peer, nil
 	}
-	if err := syscall.Kill(s.pids[peer], 0); errors.Is(err, syscall.ESRCH) {
+	if exited(s.pids[peer]) {
 		return peer, fmt.Errorf("rank %d (pid %d) has exited", peer, s.pids[peer])
 	}
 	return peer, nil
+}
+
+// exited reports whether process pid has ended: it is gone (kill 0 says
+// ESRCH), or a zombie that its parent has not reaped yet (a launcher
+// that waits for its ranks in order reaps a killed one late).
+func exited(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	// "pid (comm) S ...": the state follows the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] == 'Z' || b[i+2] == 'X'
 }
 
 func (s *shmBoard) kind() string { return "shm" }

@@ -33,10 +33,12 @@ func setup(cfg *conformance.RankConfig) error {
 
 // checkKilled checks the surviving rank's error after its peer was killed
 // mid-collective. UCC has no failure detection between ranks of one host
-// (its shared-memory transports never see the peer go), so the op ends at
-// its own deadline, through the backend's watchdog, with ErrTimeout naming
-// the dead rank as the one that never completed it; the generic checks
-// (within the timeout, and the next op fails) still apply.
+// (its shared-memory transports never see the peer go), so an op UCC has
+// ends at its own deadline, through the backend's watchdog, with ErrTimeout
+// naming the dead rank as the one that never completed it; an op still
+// waiting for the dead rank's fingerprint (backends/ucc/fingerprint.go)
+// fails at the watchdog's next tick with ErrRemote naming it. The generic
+// checks (within the timeout, and the next op fails) still apply.
 func checkKilled(r0 *conformance.ChildResult) {
 	Expect(r0.Results["err"]).To(Or(ContainSubstring("timeout after 3s"), ContainSubstring("remote rank failed")), "%v", r0)
 	Expect(r0.Results["err_ranks"]).To(Equal("[1]"), "%v", r0)
