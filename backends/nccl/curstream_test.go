@@ -254,18 +254,37 @@ func TestAsyncOnCurrentStreamTimeout(t *testing.T) {
 
 // TestStashOutlivesCurrentStream: with Options.AsyncOnCurrentStream, the
 // caller frees the op's tensor and destroys the stream it was allocated
-// and run on without calling Wait; the watchdog hands the stash over for
-// release, and Close releases it. The last reference must free the memory
+// and run on, with work still queued there (behind a gate), without
+// calling Wait; the watchdog hands the stash over, and the next op (on
+// another stream) releases it. The last reference must free the memory
 // without the destroyed stream's handle: before the fix this crashed in
 // cuMemFreeAsync (the conftest suite under
-// GOCOLL_NCCL_ASYNC_ON_CURRENT_STREAM=1, nvidia-h200, 2026-12-01). The
-// watchdog's rounds meanwhile must not mistake the destroyed stream's
-// work for another stream's.
+// GOCOLL_NCCL_ASYNC_ON_CURRENT_STREAM=1, nvidia-h200, 2026-12-01). Close
+// then releases the stashes of ops never waited on whose streams are gone.
 func TestStashOutlivesCurrentStream(t *testing.T) {
 	o := curStreamOpts()
 	o.WatchdogInterval = 10 * time.Millisecond
 	e := newRanks(t, 1, o)[0]
-	for i := range 8 {
+	y, err := ones(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer y.Free()
+	next := func() {
+		t.Helper()
+		w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{y}, backend.AllreduceOptions{Async: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Wait(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next() // the event pool exists before a gate closes
+	// issue runs one async allreduce on a new stream and destroys the
+	// stream; with gate, work stays queued there behind it.
+	issue := func(gate *cuda.Gate) backend.Work {
+		t.Helper()
 		s, err := e.dev.NewStream(cuda.StreamOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -276,11 +295,15 @@ func TestStashOutlivesCurrentStream(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, err := e.b.Allreduce(es.ctx, es.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+		w, err := e.b.Allreduce(es.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.seq = es.seq
+		if gate != nil {
+			if err := gate.Hold(s); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if err := x.Free(); err != nil {
 			t.Fatal(err)
 		}
@@ -288,15 +311,19 @@ func TestStashOutlivesCurrentStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		err = w.WaitHost(ctx)
-		cancel()
+		defer cancel()
+		if err := w.WaitHost(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	for range 4 {
+		g, err := e.dev.NewGate()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if i%2 == 1 {
-			continue // left stashed, or handed over: the next op or Close releases it
-		}
-		wk := w.(*Work)
+		defer g.Open() // a failing round must not leave the device gated for Close
+		wk := issue(g).(*Work)
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 			wk.mu.Lock()
 			left := wk.nstash + len(wk.more)
@@ -308,6 +335,14 @@ func TestStashOutlivesCurrentStream(t *testing.T) {
 				t.Fatal("the watchdog did not take the stash of a completed, unwaited op")
 			}
 		}
+		next() // releases the stash handed over, while the stream's gate is closed
+		g.Open()
+		if err := g.Free(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 4 {
+		issue(nil)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
