@@ -617,9 +617,16 @@ func (b *Backend) comms() []*comm {
 // freed since the last op (on this goroutine, as PyTorch does in
 // workEnqueue).
 func (b *Backend) enqueue(w *Work) {
+	var buf [2 * ringSize]*Work
+	swept := buf[:0]
 	b.mu.Lock()
 	if w != nil {
 		b.wd.Enqueue(w, w.c.key, w.enq, w.timeout)
+		if w.sweep {
+			// Early retirement found works complete: drop the unit's
+			// finished front now, so that those Works die young (retire.go).
+			swept = b.wd.RetireFront(finished, swept)
+		}
 	}
 	var rel []cuda.Retainer
 	if len(b.unstash) > 0 {
@@ -629,6 +636,11 @@ func (b *Backend) enqueue(w *Work) {
 	b.mu.Unlock()
 	for _, r := range rel {
 		r.Release()
+	}
+	// The swept works' stashes (ops never waited on), outside b.mu as the
+	// watchdog takes them; a Wait racing for one takes it under w.mu too.
+	for _, d := range swept {
+		d.releaseStash()
 	}
 }
 

@@ -204,7 +204,7 @@ func (b *Backend) launchOne(ctx context.Context, c *comm, w *Work, cur *cuda.Str
 		return false, err
 	}
 	if probe != nil {
-		c.retireBefore(probe)
+		w.sweep = c.retireBefore(probe)
 	}
 	if r&^C.GN_CAPTURING == ncclInProgress {
 		// Nonblocking communicator: the launch finishes in the background;

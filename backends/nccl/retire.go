@@ -13,9 +13,15 @@ import "github.com/gocoll/gocoll/cuda"
 // same stream; once that one is complete, every work of the ring launched
 // before it on that stream is too (a stream runs its work in order, the
 // watchdog's rule), and they complete without a query of their own, their
-// events back in the pool in one hand-over. One query per probeEvery ops; the watchdog
-// still sees every work (a finished one it drops, its stash released at
-// the next op as before).
+// events back in the pool in one hand-over. One query per probeEvery ops.
+// After such a probe the issuing goroutine also drops the finished works
+// at the front of the watchdog unit's list (watch.RetireFront) and
+// releases their stashes: otherwise every Work stayed live until the
+// watchdog's next round (a loop issuing every couple of microseconds kept
+// ~50 k of them, and each op's allocation came from fresh spans the GC
+// then scanned: with GOGC=off the backend's own Go per op was ~0.3 µs
+// less, BenchmarkIssueCrossing on nvidia-h200, nccl16b r1). The watchdog
+// still sees every work that is not finished.
 
 const (
 	ringSize   = 64 // works remembered per communicator, by launch number
@@ -44,10 +50,11 @@ func (c *comm) probeFor(w *Work) *Work {
 
 // retireBefore probes p, outside c.mu; if it is complete, it completes
 // every work of c's ring launched after the last probe and before p on
-// p's stream.
-func (c *comm) retireBefore(p *Work) {
+// p's stream, and reports true: the watchdog unit's oldest works may now
+// be finished (Backend.enqueue drops them).
+func (c *comm) retireBefore(p *Work) bool {
 	if !p.poll() || !p.done.Load() {
-		return
+		return false
 	}
 	var buf [ringSize]*Work
 	olds := buf[:0]
@@ -72,4 +79,5 @@ func (c *comm) retireBefore(p *Work) {
 	if len(evs) > 0 {
 		c.putEvents(evs...)
 	}
+	return true
 }

@@ -51,6 +51,10 @@ type Work struct {
 	// events stay with it, never back in the pool: the graph records them
 	// at each replay.
 	captured bool
+	// sweep: the probe made at this launch found older works complete, so
+	// enqueue drops the watchdog unit's finished front (retire.go). Set
+	// before enqueue, read only there.
+	sweep bool
 
 	mu       sync.Mutex // guards the fields below
 	end      *cuda.Event

@@ -54,6 +54,7 @@ type Watchdog[W comparable] struct {
 	// the driver retires finished works in bulk with Retire.
 	pending []entry[W]
 	gone    int // retired entries still in pending (compacted at Tick)
+	front   int // pending[:front] are all holes (RetireFront resumes there)
 
 	dumped     bool   // a Dump action was issued
 	signalled  bool   // a Signal action was issued
@@ -86,6 +87,31 @@ func (u *Watchdog[W]) Retire(finished func(W) bool) {
 		}
 	}
 	u.maybeCompact()
+}
+
+// RetireFront is Retire for a driver that sees works finish in enqueue
+// order (a backend that retires a stream's works in order as it issues):
+// it drops the finished works at the front of the pending list, up to the
+// first one that is not, and appends them to dst. Its cost is what it
+// drops, where Retire looks at every pending work; so the issuing
+// goroutine can call it every few ops, and what those works hold is let
+// go of at once rather than at the driver's next round.
+func (u *Watchdog[W]) RetireFront(finished func(W) bool, dst []W) []W {
+	i := u.front
+	for ; i < len(u.pending); i++ {
+		e := &u.pending[i]
+		if e.done {
+			continue
+		}
+		if !finished(e.w) {
+			break
+		}
+		dst = append(dst, e.w)
+		u.hole(i)
+	}
+	u.front = i
+	u.maybeCompact()
+	return dst
 }
 
 func (u *Watchdog[W]) hole(i int) {
@@ -122,7 +148,7 @@ func (u *Watchdog[W]) compact() {
 	}
 	clear(u.pending[len(live):])
 	u.pending = live
-	u.gone = 0
+	u.gone, u.front = 0, 0
 }
 
 // Len is the number of pending works.

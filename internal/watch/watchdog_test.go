@@ -315,3 +315,51 @@ func TestRetireCompacts(t *testing.T) {
 		t.Fatalf("after reuse: %v", got)
 	}
 }
+
+// TestRetireFront: RetireFront drops the finished works at the front, in
+// order, stops at the first unfinished one (a finished work behind it
+// stays), resumes after the holes it left, and Len and AppendPending agree
+// with what is left, across compactions.
+func TestRetireFront(t *testing.T) {
+	u := NewWatchdog[int](Config{})
+	fin := map[int]bool{}
+	finished := func(w int) bool { return fin[w] }
+	for w := range 200 {
+		u.Enqueue(w, "c0", t0, time.Second)
+	}
+	for w := range 50 {
+		fin[w] = true
+	}
+	fin[60] = true // behind an unfinished one: stays
+	got := u.RetireFront(finished, nil)
+	if len(got) != 50 || got[0] != 0 || got[49] != 49 {
+		t.Fatalf("dropped %v, want 0..49", got)
+	}
+	if n := u.Len(); n != 150 {
+		t.Fatalf("Len %d after dropping 50 of 200, want 150", n)
+	}
+	if got := u.RetireFront(finished, nil); len(got) != 0 {
+		t.Fatalf("a second call dropped %v with work 50 unfinished", got)
+	}
+	for w := 50; w < 180; w++ {
+		fin[w] = true
+	}
+	got = u.RetireFront(finished, got[:0])
+	if len(got) != 130 || got[0] != 50 || got[129] != 179 {
+		t.Fatalf("dropped %d works (%v...), want 50..179", len(got), got[:min(3, len(got))])
+	}
+	left := u.AppendPending(nil)
+	if len(left) != 20 || left[0] != 180 || u.Len() != 20 {
+		t.Fatalf("left %v (Len %d), want 180..199", left, u.Len())
+	}
+	u.Enqueue(200, "c0", t0, time.Second)
+	for w := 180; w <= 200; w++ {
+		fin[w] = true
+	}
+	if got := u.RetireFront(finished, nil); len(got) != 21 || got[20] != 200 {
+		t.Fatalf("dropped %v after a compaction, want 180..200", got)
+	}
+	if u.Len() != 0 {
+		t.Fatalf("Len %d, want 0", u.Len())
+	}
+}
