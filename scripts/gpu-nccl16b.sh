@@ -4,7 +4,10 @@
 # .gpu/nccl16b into main's ignored .gpu/ first: the device gets main's
 # checkout). Binaries: conftest, cuda.test and nccl.test of HEAD; with
 # BEFORE=<commit> also cuda-before.test and nccl-before.test of that
-# commit (the crash tests on the code before the fix). run.sh:
+# commit (the crash tests on the code before the fix; BEFORE_OVERLAY lists
+# files copied from HEAD over that commit first, a newer version of a
+# test, say); with BASE=<commit>, conftest-base and nccl-base.test of that
+# commit, for before/after rounds (default: no base). run.sh:
 #   - the before binaries' TestBufferOutlivesItsStream and
 #     TestStashOutlivesCurrentStream (expected to crash), when present;
 #   - `go test ./cuda ./backends/nccl` at world 1 (the test binaries, -v);
@@ -29,13 +32,22 @@ git rev-parse HEAD > "$D/commit.txt"
 if [ -n "${BEFORE:-}" ]; then
 	B=$(mktemp -d)
 	git worktree add -q --detach "$B" "$BEFORE"
+	for f in ${BEFORE_OVERLAY:-}; do cp "$f" "$B/$f"; done
 	(cd "$B" && go test -c -trimpath -ldflags='-s -w' -o "$OLDPWD/$D/cuda-before.test" ./cuda &&
 		go test -c -trimpath -ldflags='-s -w' -o "$OLDPWD/$D/nccl-before.test" ./backends/nccl)
 	git worktree remove --force "$B"
 	git rev-parse "$BEFORE" > "$D/before.txt"
 fi
+if [ -n "${BASE:-}" ]; then
+	B=$(mktemp -d)
+	git worktree add -q --detach "$B" "$BASE"
+	(cd "$B" && go build -trimpath -ldflags='-s -w' -o "$OLDPWD/$D/conftest-base" ./cmd/conftest &&
+		go test -c -trimpath -ldflags='-s -w' -o "$OLDPWD/$D/nccl-base.test" ./backends/nccl)
+	git worktree remove --force "$B"
+	git rev-parse "$BASE" > "$D/base.txt"
+fi
 echo "${HOSTCOST:-0}" > "$D/hostcost.flag"
-gzip -9 "$D"/*.test "$D/conftest"
+gzip -9 "$D"/*.test "$D"/conftest*
 cat > "$D/run.sh" <<'RUN'
 #!/usr/bin/env bash
 export NCCL_NVLS_ENABLE=0
@@ -55,10 +67,18 @@ fi
 (cd backends/nccl && CUDA_VISIBLE_DEVICES=0 st nccl-test 70 /tmp/nccl.test -test.v -test.count=1 -test.timeout=65s)
 st conftest-world1 60 /tmp/conftest --backend nccl --nproc 1 --report "$R/conftest-world1"
 GOCOLL_NCCL_ASYNC_ON_CURRENT_STREAM=1 GOCOLL_CONFTEST_CHILD_DIR="$R/children" st conftest-world1-curstream-env 60 /tmp/conftest --backend nccl --nproc 1 --report "$R/conftest-world1-curstream-env"
-st issue-crossing 60 /tmp/nccl.test -test.run '^$' -test.bench 'BenchmarkIssueCrossing' -test.benchtime 100000x -test.count 5 -test.cpuprofile "$R/issue-crossing.pprof"
-GOGC=off st issue-crossing-gogc-off 40 /tmp/nccl.test -test.run '^$' -test.bench 'BenchmarkIssueCrossing' -test.benchtime 100000x -test.count 3
+if [ -x /tmp/nccl-base.test ]; then
+	for i in 1 2 3; do
+		(cd backends/nccl && st issue-crossing-base-$i 40 /tmp/nccl-base.test -test.run '^$' -test.bench 'BenchmarkIssueCrossing' -test.benchtime 100000x -test.count 3)
+		(cd backends/nccl && st issue-crossing-$i 40 /tmp/nccl.test -test.run '^$' -test.bench 'BenchmarkIssueCrossing' -test.benchtime 100000x -test.count 3)
+	done
+else
+	st issue-crossing 60 /tmp/nccl.test -test.run '^$' -test.bench 'BenchmarkIssueCrossing' -test.benchtime 100000x -test.count 5 -test.cpuprofile "$R/issue-crossing.pprof"
+	GOGC=off st issue-crossing-gogc-off 40 /tmp/nccl.test -test.run '^$' -test.bench 'BenchmarkIssueCrossing' -test.benchtime 100000x -test.count 3
+fi
 if [ "$(cat "$H/hostcost.flag")" = 1 ]; then
 	for i in 1 2 3; do
+		[ -x /tmp/conftest-base ] && st hostcost-base-$i 50 /tmp/conftest-base bench hostcost --backend nccl --reps 5 --torch-runs 0 --json "$R/hostcost-base-$i.json"
 		st hostcost-$i 70 /tmp/conftest bench hostcost --backend nccl --reps 5 --torch-runs 1 --json "$R/hostcost-$i.json"
 	done
 	st hostcost-prof 40 /tmp/conftest bench hostcost --backend nccl --only 'current stream' --reps 2 --ops 100000 --torch-runs 0 --cpuprofile "$R/hostcost-curstream.pprof"
@@ -68,7 +88,7 @@ for f in "$R"/*.log; do echo "== $(basename "$f"): pass $(grep -c -- '^--- PASS'
 grep -hE -- '^--- FAIL|^\s*\[FAIL\]|SIGSEGV|panic:' "$R"/*.log | head -30
 grep -E -- '--- (PASS|FAIL).*(OutlivesItsStream|OutlivesCurrentStream)' "$R"/*.log
 grep -hE '^Benchmark' "$R"/issue-crossing*.log | sed -E 's/[ \t]+/ /g' | cut -c1-100
-for i in 1 2 3; do [ -f "$R/hostcost-$i.log" ] && { echo "== hostcost-$i"; grep -E '^goal|^\| (nccl raw|nccl \+|backend async|dispatcher async\+Wait|torch)' "$R/hostcost-$i.log"; }; done
+for f in "$R"/hostcost-*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E '^goal|round by round|^\| (nccl raw|nccl \+|backend async|dispatcher async\+Wait|torch)' "$f"; }; done
 rm -rf "$R/children"
 tar -C "$R" -czf "${OUT:-/tmp/out}/nccl16b.tgz" . && rm -rf "$R"
 RUN

@@ -617,16 +617,13 @@ func (b *Backend) comms() []*comm {
 // freed since the last op (on this goroutine, as PyTorch does in
 // workEnqueue).
 func (b *Backend) enqueue(w *Work) {
-	var buf [2 * ringSize]*Work
-	swept := buf[:0]
+	if w != nil && w.sweep {
+		b.enqueueSweep(w)
+		return
+	}
 	b.mu.Lock()
 	if w != nil {
 		b.wd.Enqueue(w, w.c.key, w.enq, w.timeout)
-		if w.sweep {
-			// Early retirement found works complete: drop the unit's
-			// finished front now, so that those Works die young (retire.go).
-			swept = b.wd.RetireFront(finished, swept)
-		}
 	}
 	var rel []cuda.Retainer
 	if len(b.unstash) > 0 {
@@ -637,8 +634,24 @@ func (b *Backend) enqueue(w *Work) {
 	for _, r := range rel {
 		r.Release()
 	}
-	// The swept works' stashes (ops never waited on), outside b.mu as the
-	// watchdog takes them; a Wait racing for one takes it under w.mu too.
+}
+
+// enqueueSweep is enqueue after early retirement found works complete
+// (w.sweep, every probeEvery launches at most): it also drops the unit's
+// finished front, so that those Works die young (retire.go), and releases
+// their stashes (ops never waited on) outside b.mu, as the watchdog does;
+// a Wait racing for one takes it under w.mu too.
+func (b *Backend) enqueueSweep(w *Work) {
+	var buf [2 * ringSize]*Work
+	b.mu.Lock()
+	b.wd.Enqueue(w, w.c.key, w.enq, w.timeout)
+	swept := b.wd.RetireFront(finished, buf[:0])
+	rel := b.unstash
+	b.unstash = nil
+	b.mu.Unlock()
+	for _, r := range rel {
+		r.Release()
+	}
 	for _, d := range swept {
 		d.releaseStash()
 	}
