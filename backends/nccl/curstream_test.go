@@ -322,7 +322,8 @@ func TestStashOutlivesCurrentStream(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer g.Open() // a failing round must not leave the device gated for Close
+		defer g.Free()
+		defer g.Open() // first: a failing round must not leave the device gated for Close
 		wk := issue(g).(*Work)
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 			wk.mu.Lock()
@@ -337,9 +338,6 @@ func TestStashOutlivesCurrentStream(t *testing.T) {
 		}
 		next() // releases the stash handed over, while the stream's gate is closed
 		g.Open()
-		if err := g.Free(); err != nil {
-			t.Fatal(err)
-		}
 	}
 	for range 4 {
 		issue(nil)
