@@ -16,8 +16,9 @@
 #     the process must not crash), and nccl.test under the variable;
 #   - BenchmarkIssueCrossing x5 with a CPU profile, and x3 with GOGC=off;
 #   - with HOSTCOST=1, `conftest bench hostcost --backend nccl --reps 5`
-#     three times (torch 2.11 in each) and a CPU profile of the
-#     current-stream modes.
+#     HOSTCOST_N times (default 3; torch 2.11 in each) and, unless
+#     HOSTCOST_PROF=0, a CPU profile of the current-stream modes.
+# SUITES=0 leaves out the conftest suites and BenchmarkIssueCrossing.
 # Everything comes back as one tarball, nccl16b.tgz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +48,7 @@ if [ -n "${BASE:-}" ]; then
 	git rev-parse "$BASE" > "$D/base.txt"
 fi
 echo "${HOSTCOST:-0}" > "$D/hostcost.flag"
+echo "${HOSTCOST_N:-3} ${HOSTCOST_PROF:-1} ${SUITES:-1}" > "$D/flags.cfg"
 gzip -9 "$D"/*.test "$D"/conftest*
 cat > "$D/run.sh" <<'RUN'
 #!/usr/bin/env bash
@@ -65,6 +67,8 @@ if [ -x /tmp/cuda-before.test ]; then
 fi
 (cd cuda && st cuda-test 40 /tmp/cuda.test -test.v -test.count=1)
 (cd backends/nccl && CUDA_VISIBLE_DEVICES=0 st nccl-test 70 /tmp/nccl.test -test.v -test.count=1 -test.timeout=65s)
+read -r HN HP SU < "$H/flags.cfg"
+if [ "$SU" = 1 ]; then
 st conftest-world1 60 /tmp/conftest --backend nccl --nproc 1 --report "$R/conftest-world1"
 GOCOLL_NCCL_ASYNC_ON_CURRENT_STREAM=1 GOCOLL_CONFTEST_CHILD_DIR="$R/children" st conftest-world1-curstream-env 60 /tmp/conftest --backend nccl --nproc 1 --report "$R/conftest-world1-curstream-env"
 if [ -x /tmp/nccl-base.test ]; then
@@ -76,12 +80,13 @@ else
 	st issue-crossing 60 /tmp/nccl.test -test.run '^$' -test.bench 'BenchmarkIssueCrossing' -test.benchtime 100000x -test.count 5 -test.cpuprofile "$R/issue-crossing.pprof"
 	GOGC=off st issue-crossing-gogc-off 40 /tmp/nccl.test -test.run '^$' -test.bench 'BenchmarkIssueCrossing' -test.benchtime 100000x -test.count 3
 fi
+fi
 if [ "$(cat "$H/hostcost.flag")" = 1 ]; then
-	for i in 1 2 3; do
+	for i in $(seq 1 "$HN"); do
 		[ -x /tmp/conftest-base ] && st hostcost-base-$i 50 /tmp/conftest-base bench hostcost --backend nccl --reps 5 --torch-runs 0 --json "$R/hostcost-base-$i.json"
 		st hostcost-$i 70 /tmp/conftest bench hostcost --backend nccl --reps 5 --torch-runs 1 --json "$R/hostcost-$i.json"
 	done
-	st hostcost-prof 40 /tmp/conftest bench hostcost --backend nccl --only 'current stream' --reps 2 --ops 100000 --torch-runs 0 --cpuprofile "$R/hostcost-curstream.pprof"
+	[ "$HP" = 1 ] && st hostcost-prof 40 /tmp/conftest bench hostcost --backend nccl --only 'current stream' --reps 2 --ops 100000 --torch-runs 0 --cpuprofile "$R/hostcost-curstream.pprof"
 fi
 cat "$R/summary.txt"
 for f in "$R"/*.log; do echo "== $(basename "$f"): pass $(grep -c -- '^--- PASS' "$f") fail $(grep -c -- '^--- FAIL' "$f") skip $(grep -c -- '^--- SKIP' "$f")"; done
