@@ -161,6 +161,11 @@ type Backend struct {
 	// without taking mu while a driver holds it.
 	npending atomic.Int32
 
+	// driveCalls counts gu_drive calls and lastResched is when a driver
+	// last passed through the Go scheduler (drive.go's reschedEvery); mu.
+	driveCalls  uint32
+	lastResched time.Time
+
 	// yield is Options.Yield resolved: drivers give their core away
 	// between progress rounds (1), as C's gu_drive takes it, and the
 	// progress goroutine does not spin.

@@ -8,6 +8,7 @@ import "C"
 import (
 	"context"
 	"errors"
+	"runtime"
 	"time"
 	"unsafe"
 
@@ -26,6 +27,15 @@ const waitDrive = time.Second
 // and cannot see ctx: short against any deadline, long against the cost
 // of a round trip through Go (a cgo crossing, the lock, the reap).
 const driveSpin = 20 * time.Microsecond
+
+// reschedEvery is how often a driver passes through the Go scheduler
+// (runtime.Gosched, checked every 128 gu_drive calls). Why: a goroutine
+// that never blocks keeps its P's schedule tick, and every 10 ms the
+// runtime's sysmon then retakes the P from under the cgo call and falls
+// back to polling every 20 µs, thousands of thread wake-ups a second that
+// each take a core from a spinning rank; a pass through the scheduler
+// every 5 ms keeps sysmon asleep.
+const reschedEvery = 5 * time.Millisecond
 
 // drive progresses the context from the waiting goroutine until w leaves
 // UCC, ctx ends, waitDrive passes or the backend stops, as the raw
@@ -87,9 +97,19 @@ func (b *Backend) drive(ctx context.Context, w *work) (start time.Time) {
 				}
 				b.reapLocked()
 			}
+			b.driveCalls++
+			resched := false
+			if b.driveCalls&127 == 0 {
+				if now := time.Now(); now.Sub(b.lastResched) > reschedEvery {
+					b.lastResched, resched = now, true
+				}
+			}
 			b.mu.Unlock()
 			if !live {
 				return
+			}
+			if resched {
+				runtime.Gosched()
 			}
 		}
 	}
