@@ -149,7 +149,7 @@ type Backend struct {
 	// driving counts the goroutines progressing UCC from Wait (drive.go);
 	// posting counts the submits waiting for mu, which the drivers let in.
 	driving, posting atomic.Int32
-	// drives counts the drive calls ever made: the progress goroutine
+	// drives counts the drive and submit calls ever made: the progress goroutine
 	// reads it once per nap to tell whether callers drive UCC (it then
 	// keeps out of the way) or have stopped (it then takes over); no
 	// caller has to kick it (drive.go).

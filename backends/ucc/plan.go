@@ -148,6 +148,13 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	_ = ctx
 	w := p.w
 	b.posting.Add(1) // a goroutine driving progress in Wait lets this in (drive.go)
+	// A caller in the backend, as a drive is: the progress goroutine
+	// keeps out of UCC while callers come (backend.go's progress). Why
+	// here too: UCC's post of a large op runs for milliseconds (1.4 ms at
+	// 16 MiB), long enough for the progress goroutine to see no drive
+	// for a nap, take b.mu for a progress round of milliseconds more and
+	// leave the next Wait spinning on TryLock: a third busy thread.
+	b.drives.Add(1)
 	b.mu.Lock()
 	b.posting.Add(-1)
 	defer b.mu.Unlock()
