@@ -30,10 +30,11 @@ import (
 // works whose peers agree, in issue order, so that UCC sees every rank's
 // ops in the same order. The caller never blocks at issue.
 //
-// UCC sees nothing of a held op, not even its initialisation: UCC numbers
-// a team's collectives as it initialises them, per algorithm, so ranks
-// that initialised different sizes (different algorithms) would be out of
-// step for good. Disagreement fails the work, on every rank, with the
+// UCC sees nothing of a held op, not even its initialisation: UCC tags a
+// team's collectives as it initialises them, and ranks that initialised
+// an allreduce of 1024 and one of 1000 elements and finalised both
+// unposted hung in their next, matching op (seen with UCC 1.9: the sizes
+// pick different algorithms, whose counters then disagree). Disagreement fails the work, on every rank, with the
 // verdict's words, and the group works on. The price: UCC's refusal of an
 // op (ErrUnsupported) comes back at issue only where the op starts at
 // once, else from Wait. Point to point ops (two-rank active sets) carry no
