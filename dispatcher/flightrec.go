@@ -67,6 +67,7 @@ type FlightRecorder struct {
 	mu      sync.Mutex
 	ring    []frEntry
 	nextID  uint64
+	scan    uint64 // the next entry retireDone looks at
 	groups  map[string]frtrace.PGConfig
 	status  map[string]*frtrace.PGStatus
 	pending int         // entries whose work is not yet retired
@@ -319,10 +320,86 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, backendName string, rank in
 	if w != nil {
 		fr.pending++
 	}
+	failed := fr.retireDone()
 	fr.mu.Unlock()
 	if err != nil && isFault(err) {
 		fr.onError(err)
+	} else if failed != nil && isFault(failed) {
+		fr.onError(failed)
 	}
+}
+
+// completedAter is a Work that stamps its completion on the backend.Mono
+// clock: backend.HostWork and the host backends' works built on it, whose
+// state is a few atomic words, cheap to read on the issuing goroutine.
+type completedAter interface{ CompletedAt() time.Duration }
+
+// retireScan bounds the entries retireDone looks at per op: two keep up
+// with one op per op, and a backlog drains over the next ops.
+const retireScan = 2
+
+// retireDone retires, oldest first, the entries whose works are host works
+// that have completed, so that the ring holds no completed host work (and
+// all that it references) until the next poll: with 2000 entries, that is
+// megabytes of garbage kept live, which every GC cycle marks. Other works
+// (a device's, whose queries are driver calls) are left to the poll. It
+// stops at the first host work not yet complete. It returns the first
+// error a retired work failed with. fr.mu is held.
+func (fr *FlightRecorder) retireDone() error {
+	var first error
+	n := uint64(cap(fr.ring))
+	for k := 0; k < retireScan && fr.scan < fr.nextID; k++ {
+		if fr.nextID-fr.scan > n {
+			fr.scan = fr.nextID - n // overwritten meanwhile
+		}
+		fe := &fr.ring[fr.scan%n]
+		if fe.id != fr.scan || fe.work == nil {
+			fr.scan++
+			continue
+		}
+		ca, ok := fe.work.(completedAter)
+		if !ok {
+			fr.scan++ // the poll's
+			continue
+		}
+		at := ca.CompletedAt()
+		if at == 0 || !fe.work.IsCompleted() {
+			break // not yet: the next op looks again
+		}
+		if started, err := fe.work.IsStarted(); err == nil && started && fe.state == frScheduled {
+			fe.state, fe.started = frStarted, at
+			if st := fe.g.status; st != nil && !fe.isP2P && int64(fe.seq) > st.LastStarted {
+				st.LastStarted = int64(fe.seq)
+			}
+		}
+		dur, durErr := fe.work.Duration()
+		if err := fr.complete(fe, at, dur, durErr, fe.work.Exception()); err != nil && first == nil {
+			first = err
+		}
+		fr.scan++
+	}
+	return first
+}
+
+// complete marks fe completed at now (backend.Mono), with the work's
+// duration and error, and drops its work. fr.mu is held.
+func (fr *FlightRecorder) complete(fe *frEntry, now, dur time.Duration, durErr, err error) error {
+	fe.state, fe.completed, fe.retired = frCompleted, now, true
+	if fe.started == 0 {
+		fe.started = now
+	}
+	if durErr == nil {
+		fe.hasDur, fe.durMs = true, float64(dur)/float64(time.Millisecond)
+	}
+	if err != nil {
+		fe.err = err.Error()
+	}
+	if st := fe.g.status; st != nil && !fe.isP2P && int64(fe.seq) > st.LastCompleted {
+		st.LastCompleted = int64(fe.seq)
+	}
+	fe.work = nil
+	fr.pending--
+	return err
 }
 
 // fillSizes writes the shapes and dtypes of a's tensors into dst and dts,
@@ -423,24 +500,9 @@ func (fr *FlightRecorder) refresh() error {
 		if !p.completed {
 			continue
 		}
-		fe.state, fe.completed, fe.retired = frCompleted, now, true
-		if fe.started == 0 {
-			fe.started = now
+		if err := fr.complete(fe, now, p.dur, p.durErr, p.err); err != nil && firstErr == nil {
+			firstErr = err
 		}
-		if p.durErr == nil {
-			fe.hasDur, fe.durMs = true, float64(p.dur)/float64(time.Millisecond)
-		}
-		if p.err != nil {
-			fe.err = p.err.Error()
-			if firstErr == nil {
-				firstErr = p.err
-			}
-		}
-		if st := fe.g.status; st != nil && !fe.isP2P && int64(fe.seq) > st.LastCompleted {
-			st.LastCompleted = int64(fe.seq)
-		}
-		fe.work = nil
-		fr.pending--
 	}
 	clear(polls) // drop the works, so that the scratch keeps none alive
 	fr.polls = polls[:0]

@@ -1,0 +1,102 @@
+package dispatcher
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/internal/frtrace"
+)
+
+// TestRecorderRetiresHostWorksOnIssue: with no poll in sight (an hour),
+// a host work that has completed leaves the ring's hold at the next op,
+// completed with its duration and error, and one not yet complete stays
+// pending until it completes; a failed one dumps, once.
+func TestRecorderRetiresHostWorksOnIssue(t *testing.T) {
+	fr, err := newFlightRecorder(FlightRecorderOptions{Entries: 4, DumpPrefix: t.TempDir() + "/r", Poll: time.Hour}, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.close()
+	fr.mu.Lock()
+	fr.status["0"] = &frtrace.PGStatus{LastStarted: -1}
+	fr.mu.Unlock()
+	ctx := context.Background()
+	info := func(seq uint64) OpInfo {
+		return OpInfo{Group: "0", Op: backend.OpAllreduce, Backend: "host", Seq: seq, Peer: -1, Issued: time.Now()}
+	}
+	pending := func() int {
+		fr.mu.Lock()
+		defer fr.mu.Unlock()
+		return fr.pending
+	}
+	slow := backend.NewHostWork(1, true, nil)
+	fr.record(ctx, info(1), slow, nil)
+	fr.record(ctx, info(2), backend.CompletedWork(2, nil, nil), nil)
+	if n := pending(); n != 2 {
+		t.Fatalf("%d pending, want 2: the first op is not complete, and the second waits behind it", n)
+	}
+	slow.MarkStarted()
+	slow.Complete(nil, nil)
+	fr.record(ctx, info(3), backend.CompletedWork(3, nil, nil), nil)
+	if n := pending(); n != 1 {
+		t.Fatalf("%d pending after the first op completed, want 1 (the newest, behind the scan bound)", n)
+	}
+	fail := backend.CompletedWork(4, nil, &backend.OpError{Op: "allreduce", Seq: 4, Kind: backend.ErrTimeout})
+	fr.record(ctx, info(4), fail, nil)
+	fr.record(ctx, info(5), backend.CompletedWork(5, nil, nil), nil)
+	if n := pending(); n != 0 {
+		t.Fatalf("%d pending, want 0", n)
+	}
+	d := fr.Snapshot("test")
+	if len(d.Entries) != 4 {
+		t.Fatalf("%d entries, want 4 (the ring's size)", len(d.Entries))
+	}
+	first := d.Entries[0] // seq 2; seq 1 was overwritten
+	if first.CollectiveSeqID != 2 || first.State != frtrace.StateCompleted || !first.Retired || first.TimeCompletedNs < first.TimeCreatedNs {
+		t.Errorf("entry of seq 2: %+v", first)
+	}
+	if e := d.Entries[2]; e.CollectiveSeqID != 4 || e.Error == "" || e.State != frtrace.StateCompleted {
+		t.Errorf("entry of seq 4: %+v, want its timeout", e)
+	}
+	if st := d.PGStatus["0"]; st.LastCompleted != 5 || st.LastStarted != 5 {
+		t.Errorf("status %+v, want last started and completed 5", st)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for fr.Dumps() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := fr.Dumps(); n != 1 {
+		t.Errorf("%d dumps after a failed op, want 1", n)
+	}
+}
+
+// TestRecorderLeavesDeviceWorksToThePoll: a work that is not a host work
+// (no CompletedAt) is never queried on the issuing goroutine.
+func TestRecorderLeavesDeviceWorksToThePoll(t *testing.T) {
+	fr, err := newFlightRecorder(FlightRecorderOptions{Entries: 8, DumpPrefix: t.TempDir() + "/r", Poll: time.Hour}, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.close()
+	dev := &queryCounter{Work: backend.CompletedWork(1, nil, nil)}
+	for seq := uint64(1); seq <= 4; seq++ {
+		fr.record(context.Background(), OpInfo{Group: "0", Op: backend.OpAllreduce, Seq: seq, Peer: -1, Issued: time.Now()}, dev, nil)
+	}
+	if dev.queries != 0 {
+		t.Fatalf("%d queries on the issuing goroutine", dev.queries)
+	}
+	fr.refresh()
+	if dev.queries == 0 {
+		t.Fatal("the poll did not query the works")
+	}
+}
+
+// queryCounter is a Work without CompletedAt that counts its queries.
+type queryCounter struct {
+	backend.Work
+	queries int
+}
+
+func (w *queryCounter) IsCompleted() bool { w.queries++; return true }
