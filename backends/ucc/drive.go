@@ -86,6 +86,9 @@ func (b *Backend) drive(ctx context.Context, w *work) (start time.Time) {
 			// A stopped backend's context may be gone (Close destroys it
 			// once nothing is pending; Abort leaves it to the process).
 			live := len(b.pending) > 0 && (b.stopped == nil || errors.Is(b.stopped, backend.ErrClosed))
+			// Not in UCC yet (held for its peers' fingerprints): this loop
+			// spins in Go, where gu_drive's yield does not reach.
+			held := live && w.live == 0
 			if live {
 				if w.live > 0 {
 					// The C loop of a blocking caller, for up to driveSpin:
@@ -110,6 +113,9 @@ func (b *Backend) drive(ctx context.Context, w *work) (start time.Time) {
 			}
 			if resched {
 				runtime.Gosched()
+			}
+			if held && b.yield != 0 {
+				C.gu_yield()
 			}
 		}
 	}

@@ -266,6 +266,10 @@ int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *sto
 	}
 }
 
+// gu_yield gives the core away (Options.Yield) where Go spins without
+// gu_drive: a driver whose op waits for its peers' fingerprints.
+void gu_yield(void) { sched_yield(); }
+
 int gu_team_destroy(uintptr_t team) { return p_ucc_team_destroy((team_h)team); }
 int gu_context_destroy(uintptr_t ctx) { return p_ucc_context_destroy((ctx_h)ctx); }
 int gu_finalize(uintptr_t lib) { return p_ucc_finalize((lib_h)lib); }

@@ -162,6 +162,7 @@ int gu_coll_start(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int 
 int gu_reap(uintptr_t *reqs, int n, int *err);
 int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, int64_t spin_ns, int yield);
 int gu_raw_allreduce(uintptr_t team, uintptr_t ctx, uintptr_t buf, uint64_t count, int64_t iters);
+void gu_yield(void);
 int gu_team_destroy(uintptr_t team);
 int gu_context_destroy(uintptr_t ctx);
 int gu_finalize(uintptr_t lib);
