@@ -336,7 +336,9 @@ func wait(ctx context.Context, ws *[2]backend.Work) error {
 // case and its spares, and before it reuses a buffer pair it waits for
 // the op that last used it. With as many pairs as the backend runs ops at
 // once, that wait never starves the backend, and the timing is that of
-// an unbounded queue.
+// an unbounded queue. --depth N uses only the first N pairs, so that
+// --depth 1 works on one buffer, as MPI_Allreduce's loop and nccl-tests
+// do: more pairs than ops in flight would only add to the working set.
 func (p *pgRunner) run(ctx context.Context, c *benchCase, iters int) error {
 	if p.dev.dev != nil {
 		return p.runStream(ctx, c, iters)
@@ -356,7 +358,7 @@ func (p *pgRunner) run(ctx context.Context, c *benchCase, iters int) error {
 		if err = wait(ctx, &works[k]); err != nil {
 			break
 		}
-		if works[k], err = p.issue(ctx, p.slots[i%len(p.slots)]); err != nil {
+		if works[k], err = p.issue(ctx, p.slots[k]); err != nil {
 			break
 		}
 	}
@@ -431,7 +433,7 @@ func benchRank(args []string) error {
 	fs.Float64Var(&f.scale, "iters", 1, "with -n 0: scale the adaptive iteration counts")
 	fs.IntVar(&f.threads, "threads", 2, "cpupool worker threads")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "rank 0 writes a pprof CPU profile of the timed loops here")
-	fs.IntVar(&f.depth, "depth", 0, "host backends: ops in flight before the timed loop waits for the oldest (0: one per buffer pair, up to 4; 1: each op waited for before the next, a blocking loop like MPI_Allreduce's)")
+	fs.IntVar(&f.depth, "depth", 0, "host backends: ops in flight before the timed loop waits for the oldest (0: one per buffer pair, up to 4; N: only the first N pairs, N ops in flight; 1: each op waited for before the next on one buffer, a blocking loop like MPI_Allreduce's)")
 	fs.BoolVar(&f.rawNCCL, "raw-nccl", false, "with --backend nccl: also raw NCCL calls on the same communicator")
 	fs.IntVar(&f.opts.SegmentBytes, "segment", 0, "cpupool SegmentBytes (0: default)")
 	fs.IntVar(&f.opts.SmallBytes, "small", 0, "cpupool SmallBytes (0: default)")
