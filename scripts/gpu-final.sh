@@ -4,7 +4,8 @@
 # (GPU.md: `run` with carry [".gpu/final"], command `bash .gpu/final/run.sh`):
 # `conftest --backend nccl --nproc 1` (the whole suite), `go test
 # ./backends/nccl` at world 1, and the staged-CUDA stream and float32 specs
-# of cpupool and ucc. Everything comes back as one tarball.
+# of cpupool and ucc, then two rounds of `conftest bench hostcost --backend
+# nccl`. Everything comes back as one tarball.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .gpu/final/conftest .gpu/final/nccl.test .gpu/final/run.sh
@@ -39,7 +40,13 @@ if source scripts/ucc-gpu-env.sh .gpu/final/debs > "$R/ucc-env.log" 2>&1; then
 else
 	echo "ucc: scripts/ucc-gpu-env.sh failed (see ucc-env.log)" >> "$R/summary.txt"
 fi
+# Issue 16 item 3: host cost per call, both stream modes, beside NCCL's own
+# call and torch 2.11, two invocations (the machine drifts between them).
+for i in 1 2; do
+	step hostcost-$i 80 .gpu/final/conftest bench hostcost --backend nccl --reps 5 --torch-runs 1 --json "$R/hostcost-$i.json"
+done
 cat "$R/summary.txt"
+for f in "$R"/hostcost-*.log; do echo "== $(basename "$f")"; grep -E '^goal|round by round|^\| (nccl raw|nccl \+|backend async|dispatcher async\+Wait|torch)' "$f"; done
 grep -hE '^\s*\[FAIL\]|--- FAIL|panic:' "$R"/*.log | head -20
 rm -rf "$R/children"
 tar -C "$R" -czf "$OUT/final.tgz" . && rm -rf "$R"
