@@ -57,30 +57,10 @@ func (b *Backend) RawAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.St
 // record, s's wait on it) on t in place, with events of the communicator's
 // own. What the backend costs above it is Go's.
 func (b *Backend) FloorAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) (time.Duration, error) {
-	if iters < 1 {
-		return 0, fmt.Errorf("nccl: FloorAllreduce of %d calls", iters)
-	}
-	c, err := b.getComm(ctx, t.Device().Index)
-	if err != nil {
-		return 0, err
-	}
-	dt, err := ncclType(t.DType())
-	if err != nil {
-		return 0, err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	end, err := c.event(false)
-	if err != nil {
-		return 0, err
-	}
-	defer c.putEvents(end)
-	ns := C.gn_bench_floor(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(c.stream.Handle()), C.uintptr_t(s.Handle()),
-		C.uintptr_t(c.syncEv.Handle()), C.uintptr_t(end.Handle()), C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters))
-	if ns < 0 {
-		return 0, fmt.Errorf("nccl: floor allreduce failed (%d): %s", ns, C.GoString(C.gn_last_error()))
-	}
-	return time.Duration(ns), nil
+	return b.floor(ctx, "FloorAllreduce", t, iters, func(c *comm, end *cuda.Event, dt C.ncclDataType_t) C.longlong {
+		return C.gn_bench_floor(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(c.stream.Handle()), C.uintptr_t(s.Handle()),
+			C.uintptr_t(c.syncEv.Handle()), C.uintptr_t(end.Handle()), C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters))
+	})
 }
 
 // FloorAllreduceCurrentStream is FloorAllreduce for
@@ -89,8 +69,18 @@ func (b *Backend) FloorAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.
 // capture query, ncclAllReduce on s, the end event's record on s; Wait on
 // s makes none) on t in place.
 func (b *Backend) FloorAllreduceCurrentStream(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) (time.Duration, error) {
+	return b.floor(ctx, "FloorAllreduceCurrentStream", t, iters, func(c *comm, end *cuda.Event, dt C.ncclDataType_t) C.longlong {
+		return C.gn_bench_floor_cur(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), C.uintptr_t(end.Handle()),
+			C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters))
+	})
+}
+
+// floor runs one of the C floor loops (call) with t's communicator locked
+// and an end event of its own, and returns the host time the loop
+// measured; name is the exported function's, for errors.
+func (b *Backend) floor(ctx context.Context, name string, t *tensor.Tensor, iters int, call func(c *comm, end *cuda.Event, dt C.ncclDataType_t) C.longlong) (time.Duration, error) {
 	if iters < 1 {
-		return 0, fmt.Errorf("nccl: FloorAllreduceCurrentStream of %d calls", iters)
+		return 0, fmt.Errorf("nccl: %s of %d calls", name, iters)
 	}
 	c, err := b.getComm(ctx, t.Device().Index)
 	if err != nil {
@@ -107,10 +97,9 @@ func (b *Backend) FloorAllreduceCurrentStream(ctx context.Context, t *tensor.Ten
 		return 0, err
 	}
 	defer c.putEvents(end)
-	ns := C.gn_bench_floor_cur(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), C.uintptr_t(end.Handle()),
-		C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters))
+	ns := call(c, end, dt)
 	if ns < 0 {
-		return 0, fmt.Errorf("nccl: current-stream floor allreduce failed (%d): %s", ns, C.GoString(C.gn_last_error()))
+		return 0, fmt.Errorf("nccl: %s failed (%d): %s", name, ns, C.GoString(C.gn_last_error()))
 	}
 	return time.Duration(ns), nil
 }

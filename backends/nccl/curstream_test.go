@@ -19,6 +19,32 @@ func curStreamOpts() Options {
 	return o
 }
 
+// heldOnes returns a tensor of ones, filled, and a gate that holds the
+// current stream after it; done opens the gate, then frees both (an Open
+// after Free would write to freed pinned memory).
+func heldOnes(e *rankEnv) (x *tensor.Tensor, g *cuda.Gate, done func(), err error) {
+	if x, err = ones(e); err != nil {
+		return nil, nil, nil, err
+	}
+	if err = e.cur.Synchronize(); err == nil {
+		g, err = e.dev.NewGate()
+	}
+	if err != nil {
+		x.Free()
+		return nil, nil, nil, err
+	}
+	done = func() {
+		g.Open()
+		g.Free()
+		x.Free()
+	}
+	if err = g.Hold(e.cur); err != nil {
+		done()
+		return nil, nil, nil, err
+	}
+	return x, g, done, nil
+}
+
 // TestAsyncOnCurrentStream: with Options.AsyncOnCurrentStream an async op
 // is queued on the current stream. Held behind a gate there, it returns at
 // once and does not complete; a gate on the internal stream does not hold
@@ -151,23 +177,11 @@ func TestAsyncOnCurrentStream(t *testing.T) {
 func TestAsyncOnCurrentStreamHeld(t *testing.T) {
 	envs := newRanks(t, 0, curStreamOpts())
 	each(t, envs, func(e *rankEnv) error {
-		x, err := ones(e)
+		x, g, done, err := heldOnes(e)
 		if err != nil {
 			return err
 		}
-		defer x.Free()
-		if err := e.cur.Synchronize(); err != nil {
-			return err
-		}
-		g, err := e.dev.NewGate()
-		if err != nil {
-			return err
-		}
-		defer g.Free()
-		defer g.Open()
-		if err := g.Hold(e.cur); err != nil {
-			return err
-		}
+		defer done()
 		w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
 		if err != nil {
 			return err
@@ -204,23 +218,11 @@ func TestAsyncOnCurrentStreamTimeout(t *testing.T) {
 	o.WatchdogInterval = 10 * time.Millisecond
 	envs := newRanks(t, 0, o)
 	each(t, envs, func(e *rankEnv) error {
-		x, err := ones(e)
+		x, g, done, err := heldOnes(e)
 		if err != nil {
 			return err
 		}
-		defer x.Free()
-		if err := e.cur.Synchronize(); err != nil {
-			return err
-		}
-		g, err := e.dev.NewGate()
-		if err != nil {
-			return err
-		}
-		defer g.Free()
-		defer g.Open()
-		if err := g.Hold(e.cur); err != nil {
-			return err
-		}
+		defer done()
 		m := e.meta(backend.OpAllreduce)
 		m.Timeout = 100 * time.Millisecond
 		w, err := e.b.Allreduce(e.ctx, m, []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
