@@ -290,9 +290,10 @@ func (m *Mesh) AbortBecause(err error, root int) {
 // that the peer failed.
 const writeGrace = 100 * time.Millisecond
 
-// failWrite breaks the mesh after a write to p failed with perr, letting
-// p's reader report first what p said before it left (writeGrace). A
-// write that ran out of time (a slow peer, not a gone one) fails at once.
+// failWrite breaks the mesh after a write to p (or a lane op with p)
+// failed with perr, letting p's reader report first what p said before it
+// left (writeGrace). A write that ran out of time (a slow peer, not a gone
+// one) fails at once.
 func (m *Mesh) failWrite(p *peer, perr *PeerError) {
 	if !errors.Is(perr.Err, context.DeadlineExceeded) && !errors.Is(perr.Err, context.Canceled) && !isTimeout(perr.Err) {
 		t := time.NewTimer(writeGrace)

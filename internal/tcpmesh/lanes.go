@@ -215,8 +215,11 @@ func (m *Mesh) laneErr(p *peer, err error) error {
 	case errors.Is(err, shm.ErrClosed):
 		return m.errOr(ErrClosed)
 	case errors.Is(err, shm.ErrPeerDead):
+		// The peer may have left because of another rank and said so
+		// on its rings (an abort notice, read by its reader, not by the
+		// lane): failWrite's grace lets that reason win over this view.
 		perr := &PeerError{Rank: p.rank, Err: fmt.Errorf("connection closed: %w", err)}
-		m.fail(perr)
+		m.failWrite(p, perr)
 		return m.errOr(perr)
 	}
 	return err
