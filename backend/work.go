@@ -71,45 +71,63 @@ type Stream interface {
 var ErrNoTiming = errors.New("timing was not enabled when the op was issued")
 
 // Future is a value that completes once: a list of tensors or an error.
+//
+// Its channel is made only when something asks for it (Done, a wait that
+// blocks): a host op's caller usually runs the op itself or sees it done
+// when it looks, and a channel per op was one of the allocations of the
+// 8 B allreduce (docs/perf.md, issue 17). The zero Future is incomplete
+// and ready to use.
 type Future struct {
-	done chan struct{}
-	once sync.Once
-	val  []*tensor.Tensor
-	err  error
+	state atomic.Bool // set, under mu, once val and err are
+	mu    sync.Mutex
+	done  chan struct{} // made by the first Done; closed at completion
+	val   []*tensor.Tensor
+	err   error
 }
 
 // NewFuture returns an incomplete Future.
-func NewFuture() *Future { return &Future{done: make(chan struct{})} }
+func NewFuture() *Future { return &Future{} }
 
 // Complete sets the result. Only the first call has an effect; it reports
-// whether this call completed the future.
+// whether this call completed the future. A racing second call returns
+// once the first has completed it.
 func (f *Future) Complete(val []*tensor.Tensor, err error) bool {
-	first := false
-	f.once.Do(func() {
-		f.val, f.err = val, err
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state.Load() {
+		return false
+	}
+	f.val, f.err = val, err
+	f.state.Store(true)
+	if f.done != nil {
 		close(f.done)
-		first = true
-	})
-	return first
+	}
+	return true
 }
 
 // Done is closed when the future completes.
-func (f *Future) Done() <-chan struct{} { return f.done }
+func (f *Future) Done() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.done == nil {
+		f.done = make(chan struct{})
+		if f.state.Load() {
+			close(f.done)
+		}
+	}
+	return f.done
+}
 
 // IsDone reports whether the future has completed.
-func (f *Future) IsDone() bool {
-	select {
-	case <-f.done:
-		return true
-	default:
-		return false
-	}
-}
+func (f *Future) IsDone() bool { return f.state.Load() }
 
 // Wait blocks until the future completes or ctx is done.
 func (f *Future) Wait(ctx context.Context) ([]*tensor.Tensor, error) {
+	if f.IsDone() {
+		return f.val, f.err
+	}
 	select {
-	case <-f.done:
+	case <-f.Done():
 		return f.val, f.err
 	case <-ctx.Done():
 		return nil, fmt.Errorf("future: %w", ctx.Err())
@@ -129,8 +147,9 @@ func (f *Future) Value() ([]*tensor.Tensor, error) {
 // on its own goroutine and sees f's value and error.
 func (f *Future) Then(fn func([]*tensor.Tensor, error) ([]*tensor.Tensor, error)) *Future {
 	next := NewFuture()
+	done := f.Done()
 	go func() {
-		<-f.done
+		<-done
 		next.Complete(fn(f.val, f.err))
 	}()
 	return next
@@ -150,24 +169,58 @@ func Mono() time.Duration { return time.Since(monoEpoch) }
 // monotonic reading): no clock is read.
 func MonoOf(t time.Time) time.Duration { return t.Sub(monoEpoch) }
 
+// MonoTime is the time.Time of Mono reading d, with a monotonic reading:
+// a deadline computed from Mono with no read of the wall clock.
+func MonoTime(d time.Duration) time.Time { return monoEpoch.Add(d) }
+
 // HostWork is a Work completed by a host goroutine: the work of host
 // backends, and a building block for others. Its Wait blocks the host.
+//
+// Its future lives in it, and its times are Mono readings (one clock read
+// each, where time.Now reads two clocks), so that a backend that embeds
+// it in its own per-op record (Init) pays no allocation and two cheap
+// clock reads for it per op.
 type HostWork struct {
-	fut     *Future
+	fut     Future
 	seq     uint64
 	timing  bool
 	started atomic.Bool
-	start   atomic.Int64 // unix ns, set by MarkStarted
-	end     atomic.Int64 // unix ns, set by Complete
+	start   atomic.Int64 // Mono ns, set by MarkStarted
 	endMono atomic.Int64 // Mono ns, set by Complete (CompletedAt)
-	onAbort func(error)
+	onAbort AbortHook
 }
+
+// AbortHook is what an incomplete HostWork's Abort calls first, to abort
+// what the backend must to unblock the op.
+type AbortHook interface {
+	// OnAbort is called once, with the op's error, before the work fails.
+	OnAbort(err error)
+}
+
+// abortFunc is the AbortHook of NewHostWork's onAbort.
+type abortFunc func(error)
+
+func (f abortFunc) OnAbort(err error) { f(err) }
 
 // NewHostWork returns an incomplete HostWork. With timing, Duration reports
 // the time from MarkStarted to Complete. onAbort, if not nil, runs once when
 // Abort is called on an incomplete work.
 func NewHostWork(seq uint64, timing bool, onAbort func(error)) *HostWork {
-	return &HostWork{fut: NewFuture(), seq: seq, timing: timing, onAbort: onAbort}
+	w := &HostWork{}
+	var h AbortHook
+	if onAbort != nil {
+		h = abortFunc(onAbort)
+	}
+	w.Init(seq, timing, h)
+	return w
+}
+
+// Init sets up a zero HostWork in place, as NewHostWork does, with hook
+// (if not nil) in place of onAbort: for a backend that keeps the work in
+// its own record of the op, so that it costs no allocation. It must be
+// called before the work is used, and only once.
+func (w *HostWork) Init(seq uint64, timing bool, hook AbortHook) {
+	w.seq, w.timing, w.onAbort = seq, timing, hook
 }
 
 // CompletedWork returns a HostWork that has already completed with outputs
@@ -182,7 +235,7 @@ func CompletedWork(seq uint64, outputs []*tensor.Tensor, err error) *HostWork {
 // MarkStarted records that a worker picked the op up.
 func (w *HostWork) MarkStarted() {
 	if w.started.CompareAndSwap(false, true) {
-		w.start.Store(time.Now().UnixNano())
+		w.start.Store(int64(Mono()))
 	}
 }
 
@@ -190,16 +243,11 @@ func (w *HostWork) MarkStarted() {
 // this call completed the work.
 func (w *HostWork) Complete(outputs []*tensor.Tensor, err error) bool {
 	w.MarkStarted()
-	t := time.Now()
 	// Before the future: whoever sees it complete sees CompletedAt too.
 	// The first caller stamps it (of two racing completers, the other
 	// one may win the future, nanoseconds apart).
-	w.endMono.CompareAndSwap(0, max(int64(MonoOf(t)), 1))
-	if w.fut.Complete(outputs, err) {
-		w.end.Store(t.UnixNano())
-		return true
-	}
-	return false
+	w.endMono.CompareAndSwap(0, max(int64(Mono()), 1))
+	return w.fut.Complete(outputs, err)
 }
 
 // CompletedAt returns when the work completed, on the Mono clock, or 0
@@ -209,7 +257,9 @@ func (w *HostWork) CompletedAt() time.Duration { return time.Duration(w.endMono.
 
 // Wait implements Work: it blocks until the op completes.
 func (w *HostWork) Wait(ctx context.Context) error {
-	<-w.fut.done
+	if !w.fut.IsDone() {
+		<-w.fut.Done()
+	}
 	return w.fut.err
 }
 
@@ -219,17 +269,15 @@ func (w *HostWork) BlockStream(Stream) error { return w.Wait(context.Background(
 // WaitHost implements Work. When ctx ends first, the error is a
 // *WaitError: the caller's deadline fired, not the op's.
 func (w *HostWork) WaitHost(ctx context.Context) error {
-	select {
-	case <-w.fut.done:
+	if w.fut.IsDone() {
 		return w.fut.err
-	default:
 	}
-	start := time.Now()
+	start := Mono()
 	select {
-	case <-w.fut.done:
+	case <-w.fut.Done():
 		return w.fut.err
 	case <-ctx.Done():
-		return &WaitError{Seq: w.seq, Rank: -1, Waited: time.Since(start), Err: ctx.Err()}
+		return &WaitError{Seq: w.seq, Rank: -1, Waited: Mono() - start, Err: ctx.Err()}
 	}
 }
 
@@ -248,7 +296,7 @@ func (w *HostWork) Exception() error {
 }
 
 // Future implements Work.
-func (w *HostWork) Future() *Future { return w.fut }
+func (w *HostWork) Future() *Future { return &w.fut }
 
 // SeqNum implements Work.
 func (w *HostWork) SeqNum() uint64 { return w.seq }
@@ -261,7 +309,7 @@ func (w *HostWork) Duration() (time.Duration, error) {
 	if !w.fut.IsDone() {
 		return 0, errors.New("duration requested before the op completed")
 	}
-	return time.Duration(w.end.Load() - w.start.Load()), nil
+	return time.Duration(w.endMono.Load() - w.start.Load()), nil
 }
 
 // Abort implements Work.
@@ -271,7 +319,7 @@ func (w *HostWork) Abort(reason error) {
 	}
 	err := fmt.Errorf("%w: %w", ErrAborted, reason)
 	if w.onAbort != nil {
-		w.onAbort(err)
+		w.onAbort.OnAbort(err)
 	}
 	w.Complete(nil, err)
 }

@@ -510,16 +510,19 @@ type job struct {
 	ctx     context.Context // &jc
 	jc      jobCtx
 	timeout time.Duration
-	w       *backend.HostWork
+	hw      backend.HostWork  // the op's HostWork: one allocation with the job
+	w       *backend.HostWork // &hw
 	outputs []*tensor.Tensor
 	run     func(ctx context.Context, tag uint64) error
 	poll    tcpmesh.OpPoll
 	fp      tcpmesh.Fingerprint                         // what the op's frames say about it
 	lane    bool                                        // the op runs over the lanes (lanes.go)
 	ticket  uint64                                      // its turn among the lane ops
-	laneRun func(ctx context.Context, lo *laneOp) error // a lane op's run (runLane)
+	laneRun func(ctx context.Context, lo *laneOp) error // a lane op's run (runLane); nil: allreduceLanes's
+	bufs    [][]byte                                    // a lane allreduce's buffers, when laneRun is nil
+	k       reduce.Kernel                               // and its reduction
 	lo      laneOp                                      // its view of the lanes
-	work    work                                        // a lane op's Work: one allocation with the job
+	work    work                                        // the op's Work (a collective's): one allocation with the job
 	waited  atomic.Bool                                 // a goroutine waits for this lane op (help)
 }
 
@@ -593,9 +596,17 @@ func (b *Backend) newJob(ctx context.Context, op backend.Op, m backend.Meta, out
 	j := &job{op: op, seq: m.Seq, peer: -1, timeout: to, outputs: outputs, run: run}
 	j.jc.init(ctx, to)
 	j.ctx = &j.jc
-	j.w = backend.NewHostWork(m.Seq, true, func(error) { j.cancel() })
+	// The job is its work's abort hook (OnAbort), and the work lives in
+	// it: the op's record is one allocation (docs/perf.md, issue 17).
+	j.hw.Init(m.Seq, true, j)
+	j.w = &j.hw
+	j.work = work{HostWork: j.w, b: b, j: j}
 	return j
 }
+
+// OnAbort implements backend.AbortHook: an aborted work ends the job's
+// context, so that its waits give up.
+func (j *job) OnAbort(error) { j.cancel() }
 
 // cancel ends the job's context (its waits fail with Canceled), unless
 // it ended already.
@@ -652,7 +663,7 @@ func (b *Backend) collective(ctx context.Context, op backend.Op, m backend.Meta,
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	return &work{HostWork: j.w, b: b, j: j}, nil
+	return &j.work, nil
 }
 
 // work is the Work of a collective. Its waits help: a job no worker has
@@ -678,13 +689,13 @@ func (w *work) Wait(ctx context.Context) error {
 // *backend.WaitError) names the op and says that the caller's deadline
 // fired, and whether the op's own timeout had passed.
 func (w *work) WaitHost(ctx context.Context) error {
-	start := time.Now()
+	start := backend.Mono()
 	w.b.help(w.j, func(j *job) bool { return outlasts(ctx, j) })
 	err := w.HostWork.WaitHost(ctx)
 	var we *backend.WaitError
 	if errors.As(err, &we) && we.Op == "" {
 		we.Op, we.Rank, we.Backend, we.Timeout = w.j.op.String(), w.b.cfg.Rank, Name, w.j.timeout
-		we.Waited = time.Since(start)
+		we.Waited = backend.Mono() - start
 		if dl, ok := w.j.ctx.Deadline(); ok {
 			we.Elapsed = w.j.timeout - time.Until(dl)
 		}
@@ -740,9 +751,9 @@ func (b *Backend) help(j *job, inline func(*job) bool) {
 	if b.spin < 0 {
 		return
 	}
-	start := time.Now()
+	start := backend.Mono()
 	for i := 0; !j.w.IsCompleted(); i++ {
-		if i&15 == 15 && time.Since(start) > b.spin {
+		if i&15 == 15 && backend.Mono()-start > b.spin {
 			return
 		}
 		runtime.Gosched()

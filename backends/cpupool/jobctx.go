@@ -2,6 +2,8 @@ package cpupool
 
 import (
 	"context"
+
+	"github.com/gocoll/gocoll/backend"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,7 +49,8 @@ func (c *jobCtx) init(ctx context.Context, timeout time.Duration) {
 		c.parent = context.WithoutCancel(ctx)
 	}
 	if timeout > 0 {
-		c.deadline = time.Now().Add(timeout)
+		// One monotonic clock read (time.Now reads the wall clock too).
+		c.deadline = backend.MonoTime(backend.Mono() + timeout)
 	}
 }
 

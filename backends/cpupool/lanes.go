@@ -143,18 +143,23 @@ func (b *Backend) laneGiveUp(t uint64) {
 }
 
 // allreduceLanes issues an allreduce that takes the lanes.
+// Its buffers and reduction ride in the job (laneRun nil: runLane calls
+// runAllreduceLanes), so that it costs no closure.
 func (b *Backend) allreduceLanes(ctx context.Context, m backend.Meta, fp tcpmesh.Fingerprint, tensors []*tensor.Tensor, bufs [][]byte, k reduce.Kernel) (backend.Work, error) {
-	return b.collectiveLane(ctx, backend.OpAllreduce, m, fp, tensors, func(ctx context.Context, lo *laneOp) error {
-		buf := combineLocal(k, bufs, 0)
-		if err := coll.AllreduceLanes(ctx, lo, buf, k); err != nil {
-			return err
-		}
-		b.post(k, buf, b.cfg.WorldSize*len(bufs))
-		for _, o := range bufs[1:] {
-			copy(o, buf)
-		}
-		return nil
-	})
+	return b.collectiveLane(ctx, backend.OpAllreduce, m, fp, tensors, nil, bufs, k)
+}
+
+// runAllreduceLanes is the run of a lane allreduce of bufs with k.
+func (b *Backend) runAllreduceLanes(ctx context.Context, lo *laneOp, bufs [][]byte, k reduce.Kernel) error {
+	buf := combineLocal(k, bufs, 0)
+	if err := coll.AllreduceLanes(ctx, lo, buf, k); err != nil {
+		return err
+	}
+	b.post(k, buf, b.cfg.WorldSize*len(bufs))
+	for _, o := range bufs[1:] {
+		copy(o, buf)
+	}
+	return nil
 }
 
 // allreduceDirect issues an allreduce that reads its peers' buffers in
@@ -172,17 +177,18 @@ func (b *Backend) allreduceDirect(ctx context.Context, m backend.Meta, fp tcpmes
 			copy(o, buf)
 		}
 		return nil
-	})
+	}, nil, reduce.Kernel{})
 }
 
 // collectiveLane is collective for a lane op: the ticket is taken with
-// the tag, and runJob runs it in its turn (runLane).
-func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.Meta, fp tcpmesh.Fingerprint, outputs []*tensor.Tensor, run func(ctx context.Context, lo *laneOp) error) (backend.Work, error) {
+// the tag, and runJob runs it in its turn (runLane). With run nil, it is
+// a lane allreduce of bufs with k (runAllreduceLanes).
+func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.Meta, fp tcpmesh.Fingerprint, outputs []*tensor.Tensor, run func(ctx context.Context, lo *laneOp) error, bufs [][]byte, k reduce.Kernel) (backend.Work, error) {
 	if err := b.usable(op, m.Seq); err != nil {
 		return nil, err
 	}
 	j := b.newJob(ctx, op, m, outputs, nil)
-	j.lane, j.fp, j.laneRun = true, fp, run
+	j.lane, j.fp, j.laneRun, j.bufs, j.k = true, fp, run, bufs, k
 	b.laneMu.Lock()
 	j.tag = b.issued.Add(1)
 	j.ticket = b.laneIssued
@@ -193,7 +199,6 @@ func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.M
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	j.work = work{HostWork: j.w, b: b, j: j}
 	return &j.work, nil
 }
 
@@ -205,6 +210,9 @@ func (b *Backend) runLane(ctx context.Context, j *job) error {
 	}
 	defer b.laneEnd()
 	j.lo = laneOp{b: b, tag: j.tag, fp: j.fp}
+	if j.laneRun == nil {
+		return b.runAllreduceLanes(ctx, &j.lo, j.bufs, j.k)
+	}
 	return j.laneRun(ctx, &j.lo)
 }
 

@@ -651,7 +651,7 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	return &work{HostWork: j.w, b: b, j: j}, nil
+	return &j.work, nil
 }
 
 // MonitoredBarrier implements backend.Backend with Gloo's scheme (rank 0
