@@ -45,8 +45,14 @@ func (c *HostChecker[K]) Invalid(op Op, m Meta, format string, args ...any) erro
 // Host returns the bytes of host tensors, or an error for a nil, device or
 // non-contiguous one.
 func (c *HostChecker[K]) Host(op Op, m Meta, ts ...*tensor.Tensor) ([][]byte, error) {
-	out := make([][]byte, len(ts))
-	for i, t := range ts {
+	return c.hostInto(make([][]byte, 0, len(ts)), op, m, ts)
+}
+
+// hostInto is Host appending the bytes to dst[:0]: into the caller's
+// storage when it has room.
+func (c *HostChecker[K]) hostInto(dst [][]byte, op Op, m Meta, ts []*tensor.Tensor) ([][]byte, error) {
+	out := dst[:0]
+	for _, t := range ts {
 		if t == nil {
 			return nil, c.Invalid(op, m, "nil tensor")
 		}
@@ -56,7 +62,7 @@ func (c *HostChecker[K]) Host(op Op, m Meta, ts ...*tensor.Tensor) ([][]byte, er
 		if !t.IsContiguous() {
 			return nil, c.Invalid(op, m, "Tensors must be contiguous")
 		}
-		out[i] = t.Bytes()
+		out = append(out, t.Bytes())
 	}
 	return out, nil
 }
@@ -121,6 +127,17 @@ func (c *HostChecker[K]) Reduction(op Op, m Meta, dt tensor.DType, r ReduceOp) (
 // the first tensor's dtype.
 func (c *HostChecker[K]) ReduceList(op Op, m Meta, ts []*tensor.Tensor, r ReduceOp) ([][]byte, K, error) {
 	bufs, err := c.List(op, m, ts)
+	return c.thenReduction(op, m, ts, bufs, err, r)
+}
+
+// ReduceListInto is ReduceList with the buffers appended to dst[:0], the
+// caller's storage: with room for ts (a one-tensor list into a local
+// array), the check allocates nothing, which an 8 B allreduce notices.
+func (c *HostChecker[K]) ReduceListInto(dst [][]byte, op Op, m Meta, ts []*tensor.Tensor, r ReduceOp) ([][]byte, K, error) {
+	bufs, err := c.hostInto(dst, op, m, ts)
+	if err == nil && len(bufs) == 0 {
+		err = c.Invalid(op, m, "requires non-empty tensor list")
+	}
 	return c.thenReduction(op, m, ts, bufs, err, r)
 }
 

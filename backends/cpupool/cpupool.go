@@ -520,6 +520,7 @@ type job struct {
 	ticket  uint64                                      // its turn among the lane ops
 	laneRun func(ctx context.Context, lo *laneOp) error // a lane op's run (runLane); nil: allreduceLanes's
 	bufs    [][]byte                                    // a lane allreduce's buffers, when laneRun is nil
+	buf1    [1][]byte                                   // bufs' storage for one tensor
 	k       reduce.Kernel                               // and its reduction
 	lo      laneOp                                      // its view of the lanes
 	work    work                                        // the op's Work (a collective's): one allocation with the job

@@ -188,7 +188,9 @@ func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.M
 		return nil, err
 	}
 	j := b.newJob(ctx, op, m, outputs, nil)
-	j.lane, j.fp, j.laneRun, j.bufs, j.k = true, fp, run, bufs, k
+	// Copied: the caller's bufs may be its stack (Allreduce's local).
+	j.lane, j.fp, j.laneRun, j.k = true, fp, run, k
+	j.bufs = append(j.buf1[:0], bufs...)
 	b.laneMu.Lock()
 	j.tag = b.issued.Add(1)
 	j.ticket = b.laneIssued

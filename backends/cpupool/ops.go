@@ -3,6 +3,7 @@ package cpupool
 import (
 	"context"
 	"math"
+	"slices"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/coll"
@@ -60,7 +61,10 @@ func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tens
 // reduced together, as Gloo does: every one of them gets the reduction of
 // all of them on all ranks.
 func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceOptions) (backend.Work, error) {
-	bufs, k, err := b.args.ReduceList(backend.OpAllreduce, m, tensors, opts.ReduceOp)
+	// The buffers of a one-tensor list go in local, which does not
+	// escape: a lane op copies them into its job, the others clone them.
+	var local [1][]byte
+	bufs, k, err := b.args.ReduceListInto(local[:0], backend.OpAllreduce, m, tensors, opts.ReduceOp)
 	if err != nil {
 		return nil, err
 	}
@@ -68,16 +72,17 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 	if b.lanesFor(len(bufs[0])) {
 		return b.allreduceLanes(ctx, m, fp, tensors, bufs, k)
 	}
-	if b.directFor(len(bufs[0])) {
-		return b.allreduceDirect(ctx, m, fp, tensors, bufs, k)
+	own := slices.Clone(bufs)
+	if b.directFor(len(own[0])) {
+		return b.allreduceDirect(ctx, m, fp, tensors, own, k)
 	}
 	return b.collective(ctx, backend.OpAllreduce, m, fp, tensors, func(ctx context.Context, tag uint64) error {
-		buf := combineLocal(k, bufs, 0)
+		buf := combineLocal(k, own, 0)
 		if err := coll.Allreduce(ctx, b.comm, tag, buf, k); err != nil {
 			return err
 		}
-		b.post(k, buf, b.cfg.WorldSize*len(bufs))
-		for _, o := range bufs[1:] {
+		b.post(k, buf, b.cfg.WorldSize*len(own))
+		for _, o := range own[1:] {
 			copy(o, buf)
 		}
 		return nil
