@@ -244,9 +244,18 @@ func TestTimeoutNamesLateRank(t *testing.T) {
 }
 
 func TestPeerDeathIsRemoteError(t *testing.T) {
+	expectPeerDeathRemote(t, nil, 1<<16)
+}
+
+// expectPeerDeathRemote starts an allreduce of n float32 on rank 0 of a
+// 3-rank group made with opts, aborts rank 2 (closing its connections, as
+// a crash does) while rank 0 waits, and wants rank 0's Wait to fail with
+// ErrRemote naming a rank within 5 s.
+func expectPeerDeathRemote(t *testing.T, opts *cpupool.Options, n int) {
+	t.Helper()
 	ctx := context.Background()
-	bs := group(t, 3, nil)
-	x := tensor.New(tensor.Float32, 1<<16)
+	bs := group(t, 3, opts)
+	x := tensor.New(tensor.Float32, n)
 	w0, err := bs[0].Allreduce(ctx, backend.Meta{Timeout: time.Minute}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -261,6 +270,7 @@ func TestPeerDeathIsRemoteError(t *testing.T) {
 		if !errors.Is(err, backend.ErrRemote) || !errors.As(err, &oe) || len(oe.Ranks) == 0 {
 			t.Fatalf("want ErrRemote naming a rank, got %v", err)
 		}
+		t.Log(err)
 	case <-time.After(5 * time.Second):
 		t.Fatal("hang after peer death")
 	}

@@ -2,7 +2,6 @@ package cpupool_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"syscall"
@@ -218,27 +217,7 @@ func TestDirectAllreduce(t *testing.T) {
 // connections) while its peers wait in a direct allreduce is named by
 // them with ErrRemote, promptly.
 func TestDirectPeerDeath(t *testing.T) {
-	ctx := context.Background()
-	bs := group(t, 3, &cpupool.Options{Transport: "shm"})
-	x := tensor.New(tensor.Float32, 1<<20)
-	w0, err := bs[0].Allreduce(ctx, backend.Meta{Timeout: time.Minute}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond)
-	_ = bs[2].Abort(ctx, errors.New("simulated crash"))
-	done := make(chan error, 1)
-	go func() { done <- w0.Wait(ctx) }()
-	select {
-	case err := <-done:
-		var oe *backend.OpError
-		if !errors.Is(err, backend.ErrRemote) || !errors.As(err, &oe) || len(oe.Ranks) == 0 {
-			t.Fatalf("want ErrRemote naming a rank, got %v", err)
-		}
-		t.Log(err)
-	case <-time.After(5 * time.Second):
-		t.Fatal("hang after peer death")
-	}
+	expectPeerDeathRemote(t, &cpupool.Options{Transport: "shm"}, 1<<20)
 }
 
 // allreduceValues allreduces vals, as a tensor of dtype dt, with op on b
