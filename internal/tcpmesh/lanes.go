@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
@@ -56,57 +55,21 @@ func (m *Mesh) offerLane(ctx context.Context, p *peer) error {
 	fail := func(err error) error {
 		return fmt.Errorf("tcpmesh: rank %d, lane with rank %d: %w", m.rank, p.rank, err)
 	}
+	var pair *shm.Pair
+	var why, err error
 	if m.rank < p.rank {
-		pair, path, cerr := shm.Create(fmt.Sprintf("gocoll-%d-%d-%d-lane-", os.Getpid(), m.rank, p.rank), LaneRingBytes)
-		if cerr != nil {
-			path = ""
-		}
-		if err := writeStr(c, path); err != nil {
-			if pair != nil {
-				_ = shm.Unlink(path)
-				_ = pair.Unmap()
-			}
-			return fail(err)
-		}
-		if cerr != nil {
-			return nil
-		}
-		var ack [1]byte
-		_, rerr := io.ReadFull(c, ack[:])
-		_ = shm.Unlink(path)
-		if rerr != nil || ack[0] != 1 {
-			_ = pair.Unmap()
-			if rerr != nil {
-				return fail(rerr)
-			}
-			return nil
-		}
-		p.lane = pair
-		return m.probeDirect(p)
+		pair, why, err = createPair(c, fmt.Sprintf("gocoll-%d-%d-%d-lane-", os.Getpid(), m.rank, p.rank), LaneRingBytes, p.rank)
+	} else {
+		pair, why, err = openPair(c, p.rank)
 	}
-	path, err := readStr(c)
 	if err != nil {
 		return fail(err)
 	}
-	if path == "" {
-		return nil
+	if why != nil {
+		return nil // no lane: this peer's ops take the rings
 	}
-	pair, oerr := shm.Open(path)
-	ack := []byte{1}
-	if oerr != nil {
-		ack[0] = 0
-	}
-	if _, err := c.Write(ack); err != nil {
-		if pair != nil {
-			_ = pair.Unmap()
-		}
-		return fail(err)
-	}
-	if oerr == nil {
-		p.lane = pair
-		return m.probeDirect(p)
-	}
-	return nil
+	p.lane = pair
+	return m.probeDirect(p)
 }
 
 // Lanes reports whether every peer has a lane, so that the backend may run

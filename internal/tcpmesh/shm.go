@@ -65,58 +65,85 @@ func (m *Mesh) offerShm(ctx context.Context, p *peer, id string) (err error) {
 	if id == "" || theirs == "" || id != theirs {
 		return decline("not on the same host (%q, %q)", id, theirs)
 	}
+	var pair *shm.Pair
+	var why error
 	if m.rank < p.rank {
-		pair, path, cerr := shm.Create(fmt.Sprintf("gocoll-%d-%d-%d-", os.Getpid(), m.rank, p.rank), m.cfg.ShmRingBytes)
-		if cerr != nil {
-			path = ""
-		}
-		if err := writeStr(c, path); err != nil {
-			if pair != nil {
-				_ = shm.Unlink(path)
-				_ = pair.Unmap()
-			}
-			return fail("%w", err)
-		}
-		if cerr != nil {
-			return decline("%w", cerr)
-		}
-		var ack [1]byte
-		_, rerr := io.ReadFull(c, ack[:])
-		_ = shm.Unlink(path) // mapped by both, or given up: the name is no longer needed
-		if rerr != nil || ack[0] != 1 {
-			_ = pair.Unmap()
-			if rerr != nil {
-				return fail("%w", rerr)
-			}
-			return decline("rank %d could not map the pair file", p.rank)
-		}
-		p.pair = pair
+		pair, why, err = createPair(c, fmt.Sprintf("gocoll-%d-%d-%d-", os.Getpid(), m.rank, p.rank), m.cfg.ShmRingBytes, p.rank)
 	} else {
-		path, err := readStr(c)
-		if err != nil {
-			return fail("%w", err)
-		}
-		if path == "" {
-			return decline("rank %d could not create the pair file", p.rank)
-		}
-		pair, oerr := shm.Open(path)
-		ack := []byte{1}
-		if oerr != nil {
-			ack[0] = 0
-		}
-		if _, err := c.Write(ack); err != nil {
-			if pair != nil {
-				_ = pair.Unmap()
-			}
-			return fail("%w", err)
-		}
-		if oerr != nil {
-			return decline("%w", oerr)
-		}
-		p.pair = pair
+		pair, why, err = openPair(c, p.rank)
 	}
+	if err != nil {
+		return fail("%w", err)
+	}
+	if why != nil {
+		return decline("%w", why)
+	}
+	p.pair = pair
 	p.r = p.pair.In
 	return m.offerLane(ctx, p)
+}
+
+// createPair is the lower rank's half of a pair handshake over c: it
+// creates a pair file (name prefix, ring bytes), sends its path ("" when
+// it could not) and waits for the peer's one-byte ack, and unlinks the
+// file either way, since by then both have mapped it or given it up. It
+// returns the pair; or why there is none (this side could not create it,
+// or peer could not map it), which leaves the connection usable; or err,
+// when the connection failed.
+func createPair(c net.Conn, prefix string, ringBytes, peer int) (pair *shm.Pair, why, err error) {
+	pair, path, cerr := shm.Create(prefix, ringBytes)
+	if cerr != nil {
+		path = ""
+	}
+	if err := writeStr(c, path); err != nil {
+		if pair != nil {
+			_ = shm.Unlink(path)
+			_ = pair.Unmap()
+		}
+		return nil, nil, err
+	}
+	if cerr != nil {
+		return nil, cerr, nil
+	}
+	var ack [1]byte
+	_, rerr := io.ReadFull(c, ack[:])
+	_ = shm.Unlink(path)
+	if rerr != nil || ack[0] != 1 {
+		_ = pair.Unmap()
+		if rerr != nil {
+			return nil, nil, rerr
+		}
+		return nil, fmt.Errorf("rank %d could not map the pair file", peer), nil
+	}
+	return pair, nil, nil
+}
+
+// openPair is the upper rank's half of createPair's handshake: it reads
+// the path, maps the pair and acks whether it could; why and err as
+// createPair's.
+func openPair(c net.Conn, peer int) (pair *shm.Pair, why, err error) {
+	path, err := readStr(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	if path == "" {
+		return nil, fmt.Errorf("rank %d could not create the pair file", peer), nil
+	}
+	pair, oerr := shm.Open(path)
+	ack := []byte{1}
+	if oerr != nil {
+		ack[0] = 0
+	}
+	if _, err := c.Write(ack); err != nil {
+		if pair != nil {
+			_ = pair.Unmap()
+		}
+		return nil, nil, err
+	}
+	if oerr != nil {
+		return nil, oerr, nil
+	}
+	return pair, nil, nil
 }
 
 func writeStr(c net.Conn, s string) error {
