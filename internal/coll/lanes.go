@@ -2,7 +2,6 @@ package coll
 
 import (
 	"context"
-	"math/bits"
 
 	"github.com/gocoll/gocoll/internal/reduce"
 )
@@ -43,29 +42,19 @@ func AllreduceLanes(ctx context.Context, t Lanes, buf []byte, k reduce.Kernel) e
 	}
 	e := k.ElemSize
 	combine := k.Combine
-	p := 1 << (bits.Len(uint(n)) - 1)
-	rem := n - p
-	newrank := r - rem
-	if r < 2*rem {
+	d := planRD(n, r)
+	if d.folded() {
 		if r%2 == 0 {
 			if err := t.Send(ctx, r+1, buf); err != nil {
 				return err
 			}
-			newrank = -1
-		} else {
-			if err := t.RecvInto(ctx, r-1, buf, e, combine); err != nil {
-				return err
-			}
-			newrank = r / 2
+		} else if err := t.RecvInto(ctx, r-1, buf, e, combine); err != nil {
+			return err
 		}
 	}
-	if newrank >= 0 {
-		for mask := 1; mask < p; mask <<= 1 {
-			nd := newrank ^ mask
-			dst := nd + rem
-			if nd < rem {
-				dst = nd*2 + 1
-			}
+	if d.newrank >= 0 {
+		for mask := 1; mask < d.p; mask <<= 1 {
+			dst := d.peer(mask)
 			if err := t.Send(ctx, dst, buf); err != nil {
 				return err
 			}
@@ -74,7 +63,7 @@ func AllreduceLanes(ctx context.Context, t Lanes, buf []byte, k reduce.Kernel) e
 			}
 		}
 	}
-	if r < 2*rem {
+	if d.folded() {
 		if r%2 == 0 {
 			return t.RecvInto(ctx, r+1, buf, e, copyRun)
 		}
