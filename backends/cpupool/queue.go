@@ -1,0 +1,159 @@
+package cpupool
+
+import (
+	"sync"
+	"time"
+)
+
+// lazyWake is how long a job pushed onto an empty queue waits for its
+// caller to run it (work.Wait) before a worker is woken for it.
+const lazyWake = 200 * time.Microsecond
+
+// queue is the unbounded FIFO of collectives waiting for a worker; 1000
+// ops in flight must not block the caller.
+//
+// A job pushed onto an empty queue does not wake an idle worker at once:
+// the caller usually waits for it right away and then runs it itself
+// (work.Wait), and waking a worker that finds nothing costs a core that
+// the peer needs on a small machine. The nudge timer wakes one after
+// lazy, in case nobody waits; a queue with a backlog wakes workers at
+// once, and each worker that pops a job with more behind it wakes the next.
+type queue struct {
+	mu     sync.Mutex
+	cond   sync.Cond
+	items  []*job
+	head   int
+	closed error
+	idle   int // workers parked in cond.Wait
+	lazy   time.Duration
+	nudge  *time.Timer
+	armed  bool   // nudge is set
+	pops   uint64 // jobs removed so far (popped or taken)
+	seen   uint64 // pops when nudge was set
+	// ready, when set, says whether a job at the head may be popped now
+	// (a lane op only in its turn: lanes.go); others wait behind it.
+	ready func(*job) bool
+}
+
+// init sets the queue up; lazy <= 0 wakes a worker on every push.
+func (q *queue) init(lazy time.Duration) {
+	q.cond.L = &q.mu
+	q.lazy = lazy
+	if lazy > 0 {
+		q.nudge = time.AfterFunc(time.Hour, q.nudged)
+		q.nudge.Stop()
+	}
+}
+
+// nudged is the nudge timer's function: a worker is woken if no job
+// left the queue since the timer was set (nobody runs them); if some
+// did, their waiters are at work and the timer is set again.
+func (q *queue) nudged() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.armed = false
+	if q.closed != nil || q.head == len(q.items) {
+		return
+	}
+	if q.pops != q.seen {
+		q.armLocked()
+		return
+	}
+	q.cond.Signal()
+}
+
+// armLocked sets the nudge timer unless it is set; q.mu is held. Setting
+// it once per lazy period rather than on every push saves a timer
+// update (a lock and the timer heap) per small op.
+func (q *queue) armLocked() {
+	if !q.armed {
+		q.armed, q.seen = true, q.pops
+		q.nudge.Reset(q.lazy)
+	}
+}
+
+// push queues j. A lane op wakes no worker: its caller runs it, with the
+// lane ops queued before it, when it waits (help); the nudge wakes one if
+// nobody has taken a job for lazy.
+func (q *queue) push(j *job) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed != nil {
+		return false
+	}
+	q.items = append(q.items, j)
+	if q.idle > 0 {
+		if q.nudge != nil && (j.lane || len(q.items)-q.head == 1) {
+			q.armLocked()
+		} else {
+			q.cond.Signal()
+		}
+	}
+	return true
+}
+
+func (q *queue) pop() *job {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for (q.head == len(q.items) || !q.headReady()) && q.closed == nil {
+		q.idle++
+		q.cond.Wait()
+		q.idle--
+	}
+	if q.head == len(q.items) {
+		return nil
+	}
+	return q.popHeadLocked()
+}
+
+// headReady reports whether the head job may be popped; q.mu is held and
+// the queue is not empty.
+func (q *queue) headReady() bool { return q.ready == nil || q.ready(q.items[q.head]) }
+
+// popHeadLocked removes the head job; q.mu is held.
+func (q *queue) popHeadLocked() *job {
+	j := q.items[q.head]
+	q.items[q.head] = nil
+	q.head++
+	q.pops++
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	} else if q.idle > 0 && q.headReady() {
+		q.cond.Signal() // more work behind this job: wake the next worker
+	}
+	return j
+}
+
+// take removes j if it is the next job a worker would pop, so the caller
+// may run it instead; FIFO order is kept because only the head is taken.
+func (q *queue) take(j *job) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed != nil || q.head == len(q.items) || q.items[q.head] != j {
+		return false
+	}
+	q.items[q.head] = nil
+	q.head++
+	q.pops++
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	}
+	return true
+}
+
+// close stops the workers; queued jobs fail with err.
+func (q *queue) close(err error) {
+	q.mu.Lock()
+	q.closed = err
+	if q.nudge != nil {
+		q.nudge.Stop()
+	}
+	rest := q.items[q.head:]
+	q.items, q.head = nil, 0
+	q.cond.Broadcast()
+	q.mu.Unlock()
+	for _, j := range rest {
+		j.w.Complete(nil, err)
+		j.cancel()
+	}
+}
