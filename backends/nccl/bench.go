@@ -20,21 +20,9 @@ import (
 // that benchmarks compare the backend with. It returns the host time spent
 // issuing them.
 func (b *Backend) rawAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) (time.Duration, error) {
-	c, err := b.getComm(ctx, t.Device().Index)
-	if err != nil {
-		return 0, err
-	}
-	dt, err := ncclType(t.DType())
-	if err != nil {
-		return 0, err
-	}
-	c.mu.Lock()
-	ns := C.gn_bench_raw(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters))
-	c.mu.Unlock()
-	if ns < 0 {
-		return 0, fmt.Errorf("nccl: raw allreduce failed (%d): %s", ns, C.GoString(C.gn_last_error()))
-	}
-	return time.Duration(ns), nil
+	return b.benchCall(ctx, "raw allreduce", t, func(c *comm, _ *cuda.Event, dt C.int) (C.longlong, error) {
+		return C.gn_bench_raw(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters)), nil
+	})
 }
 
 // RawAllreduce is NCCL's own call, the peer of host-cost benchmarks
@@ -57,7 +45,7 @@ func (b *Backend) RawAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.St
 // record, s's wait on it) on t in place, with events of the communicator's
 // own. What the backend costs above it is Go's.
 func (b *Backend) FloorAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) (time.Duration, error) {
-	return b.floor(ctx, "FloorAllreduce", t, iters, func(c *comm, end *cuda.Event, dt C.ncclDataType_t) C.longlong {
+	return b.floor(ctx, "FloorAllreduce", t, iters, func(c *comm, end *cuda.Event, dt C.int) C.longlong {
 		return C.gn_bench_floor(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(c.stream.Handle()), C.uintptr_t(s.Handle()),
 			C.uintptr_t(c.syncEv.Handle()), C.uintptr_t(end.Handle()), C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters))
 	})
@@ -69,19 +57,29 @@ func (b *Backend) FloorAllreduce(ctx context.Context, t *tensor.Tensor, s *cuda.
 // capture query, ncclAllReduce on s, the end event's record on s; Wait on
 // s makes none) on t in place.
 func (b *Backend) FloorAllreduceCurrentStream(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) (time.Duration, error) {
-	return b.floor(ctx, "FloorAllreduceCurrentStream", t, iters, func(c *comm, end *cuda.Event, dt C.ncclDataType_t) C.longlong {
+	return b.floor(ctx, "FloorAllreduceCurrentStream", t, iters, func(c *comm, end *cuda.Event, dt C.int) C.longlong {
 		return C.gn_bench_floor_cur(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), C.uintptr_t(end.Handle()),
 			C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters))
 	})
 }
 
-// floor runs one of the C floor loops (call) with t's communicator locked
-// and an end event of its own, and returns the host time the loop
-// measured; name is the exported function's, for errors.
-func (b *Backend) floor(ctx context.Context, name string, t *tensor.Tensor, iters int, call func(c *comm, end *cuda.Event, dt C.ncclDataType_t) C.longlong) (time.Duration, error) {
+// floor runs one of the C floor loops (call); name is the exported
+// function's, for errors.
+func (b *Backend) floor(ctx context.Context, name string, t *tensor.Tensor, iters int, call func(c *comm, end *cuda.Event, dt C.int) C.longlong) (time.Duration, error) {
 	if iters < 1 {
 		return 0, fmt.Errorf("nccl: %s of %d calls", name, iters)
 	}
+	return b.benchCall(ctx, name, t, func(c *comm, end *cuda.Event, dt C.int) (C.longlong, error) {
+		return call(c, end, dt), nil
+	})
+}
+
+// benchCall runs one of the C benchmark loops (call) with t's
+// communicator locked, an end event of the communicator's own (which the
+// raw loop leaves unused) and t's dtype in NCCL's numbering, and returns
+// the host time the loop measured, or its failure (a negative result)
+// under name.
+func (b *Backend) benchCall(ctx context.Context, name string, t *tensor.Tensor, call func(c *comm, end *cuda.Event, dt C.int) (C.longlong, error)) (time.Duration, error) {
 	c, err := b.getComm(ctx, t.Device().Index)
 	if err != nil {
 		return 0, err
@@ -97,7 +95,10 @@ func (b *Backend) floor(ctx context.Context, name string, t *tensor.Tensor, iter
 		return 0, err
 	}
 	defer c.putEvents(end)
-	ns := call(c, end, dt)
+	ns, err := call(c, end, dt)
+	if err != nil {
+		return 0, err
+	}
 	if ns < 0 {
 		return 0, fmt.Errorf("nccl: %s failed (%d): %s", name, ns, C.GoString(C.gn_last_error()))
 	}
@@ -189,27 +190,15 @@ func (b *Backend) driverCalls(ctx context.Context, t *tensor.Tensor, s *cuda.Str
 // loop of the same calls (FloorAllreduceCurrentStream) is the crossing;
 // what the backend costs above it is the backend's Go.
 func (b *Backend) issueLoop(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) error {
-	c, err := b.getComm(ctx, t.Device().Index)
-	if err != nil {
-		return err
-	}
-	dt, err := ncclType(t.DType())
-	if err != nil {
-		return err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	end, err := c.event(false)
-	if err != nil {
-		return err
-	}
-	defer c.putEvents(end)
-	for range iters {
-		r := C.gn_issue(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), C.uintptr_t(s.Handle()), 0, 0,
-			C.uintptr_t(end.Handle()), C.GN_ALLREDUCE, C.uintptr_t(t.Ptr()), C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, 0, 0, 0)
-		if err := result("ncclAllReduce", r); err != nil {
-			return err
+	_, err := b.benchCall(ctx, "issue loop", t, func(c *comm, end *cuda.Event, dt C.int) (C.longlong, error) {
+		for range iters {
+			r := C.gn_issue(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), C.uintptr_t(s.Handle()), 0, 0,
+				C.uintptr_t(end.Handle()), C.GN_ALLREDUCE, C.uintptr_t(t.Ptr()), C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, 0, 0, 0)
+			if err := result("ncclAllReduce", r); err != nil {
+				return 0, err
+			}
 		}
-	}
-	return nil
+		return 0, nil
+	})
+	return err
 }
