@@ -6,8 +6,13 @@ import (
 )
 
 // lazyWake is how long a job pushed onto an empty queue waits for its
-// caller to run it (work.Wait) before a worker is woken for it.
-const lazyWake = 200 * time.Microsecond
+// caller to run it (work.Wait) before a worker is woken for it, while
+// callers leave jobs to the workers; lazyMax is how long it may grow to
+// while callers run their jobs themselves (queue.nudged).
+const (
+	lazyWake = 200 * time.Microsecond
+	lazyMax  = 2 * time.Millisecond
+)
 
 // queue is the unbounded FIFO of collectives waiting for a worker; 1000
 // ops in flight must not block the caller.
@@ -18,14 +23,24 @@ const lazyWake = 200 * time.Microsecond
 // the peer needs on a small machine. The nudge timer wakes one after
 // lazy, in case nobody waits; a queue with a backlog wakes workers at
 // once, and each worker that pops a job with more behind it wakes the next.
+//
+// The nudge's period adapts: each time it finds that the callers took
+// their jobs themselves, the next period doubles, up to lazyMax; each time
+// it has to wake a worker, it drops back to lazyWake. Every period costs
+// the process two thread wake-ups (the timer's arming wakes the runtime's
+// poller, and its firing wakes it again), and with more ranks than cores
+// each wake-up takes a core from a rank that is in the middle of an op:
+// at 200 µs, 4 ranks on 2 cores spent 10-20 % of an 8 B allreduce on them
+// (docs/perf.md, issue 17, fourth pass).
 type queue struct {
 	mu     sync.Mutex
 	cond   sync.Cond
 	items  []*job
 	head   int
 	closed error
-	idle   int // workers parked in cond.Wait
-	lazy   time.Duration
+	idle   int           // workers parked in cond.Wait
+	lazy   time.Duration // the nudge's base period (lazyWake)
+	period time.Duration // its current period, lazy to lazyMax
 	nudge  *time.Timer
 	armed  bool   // nudge is set
 	pops   uint64 // jobs removed so far (popped or taken)
@@ -38,7 +53,7 @@ type queue struct {
 // init sets the queue up; lazy <= 0 wakes a worker on every push.
 func (q *queue) init(lazy time.Duration) {
 	q.cond.L = &q.mu
-	q.lazy = lazy
+	q.lazy, q.period = lazy, lazy
 	if lazy > 0 {
 		q.nudge = time.AfterFunc(time.Hour, q.nudged)
 		q.nudge.Stop()
@@ -46,19 +61,24 @@ func (q *queue) init(lazy time.Duration) {
 }
 
 // nudged is the nudge timer's function: a worker is woken if no job
-// left the queue since the timer was set (nobody runs them); if some
-// did, their waiters are at work and the timer is set again.
+// left the queue since the timer was set (nobody runs them), and the
+// period drops back to lazy; if some did, their waiters are at work: the
+// period grows and, with jobs still queued, the timer is set again.
 func (q *queue) nudged() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.armed = false
-	if q.closed != nil || q.head == len(q.items) {
+	if q.closed != nil {
 		return
 	}
-	if q.pops != q.seen {
-		q.armLocked()
+	if q.head == len(q.items) || q.pops != q.seen {
+		q.period = min(2*q.period, max(lazyMax, q.lazy))
+		if q.head != len(q.items) {
+			q.armLocked()
+		}
 		return
 	}
+	q.period = q.lazy
 	q.cond.Signal()
 }
 
@@ -68,7 +88,7 @@ func (q *queue) nudged() {
 func (q *queue) armLocked() {
 	if !q.armed {
 		q.armed, q.seen = true, q.pops
-		q.nudge.Reset(q.lazy)
+		q.nudge.Reset(q.period)
 	}
 }
 

@@ -12,9 +12,10 @@
 // Waiting: a reader with nothing to read, or a writer with no space, spins
 // a little (runtime.Gosched), then sleeps on a futex in the shared page with
 // a short timeout; the other side wakes it only when it announced that it
-// sleeps, so a busy pair makes no system calls. The timeout bounds how late
-// a local Close or a peer's death (MarkDead, from the TCP connection that
-// watches the peer) is noticed even if a wake-up is lost.
+// sleeps, so a busy pair makes no system calls. Close and a peer's death
+// (MarkDead, from the TCP connection that watches the peer) wake the
+// sleepers; the timeout bounds how late either is noticed even if a
+// wake-up is lost.
 package shm
 
 import (
@@ -61,8 +62,22 @@ const (
 	// publishChunk bounds how much a large write copies before it makes
 	// the bytes visible, so the reader copies out while the writer copies in.
 	publishChunk = 128 << 10
-	sleepSlice   = 20 * time.Millisecond
-	pollSlice    = 200 * time.Microsecond
+	// sleepSlice bounds a writer's futex sleep while it waits for space:
+	// between sleeps it looks at its context.
+	sleepSlice = 20 * time.Millisecond
+	// idleSlice bounds a reader's futex sleep (wait) with nobody polling.
+	// Close and MarkDead wake the sleepers (kick), so it only bounds how
+	// late a lost wake-up would be noticed. It is long because every sleep
+	// is a blocking system call that holds a P: the Go runtime's sysmon
+	// takes the P back after 20 µs (when no other P is idle) and, having
+	// done so, polls every 20 µs for the next millisecond. With a 20 ms
+	// slice, the three pair readers of each of 4 ranks, idle while the
+	// ranks' small ops ran over the lanes, kept every rank's sysmon waking
+	// 5000 times a second, and with more ranks than cores every wake-up
+	// took a core from a rank in the middle of an op (docs/perf.md,
+	// issue 17, fourth pass).
+	idleSlice = time.Second
+	pollSlice = 200 * time.Microsecond
 )
 
 // DefaultRingBytes is the default capacity of each direction.
@@ -512,7 +527,7 @@ func (r *Ring) wait(deferToPollers bool, need uint64) error {
 		// before checking (seq-cst) pairs with publish and EndPoll, which
 		// change the state before they look at consWait.
 		if (r.tail.Load()-r.head.Load() < need || (!woke && r.polling.Load() != 0)) && !r.closed.Load() && !r.dead.Load() {
-			d := sleepSlice
+			d := idleSlice
 			if r.polling.Load() != 0 {
 				// Pollers wake us when they leave bytes behind, but one that
 				// is busy elsewhere may not poll for a while: bound the wait.
