@@ -432,7 +432,7 @@ func benchRank(args []string) error {
 	fs.BoolVar(&f.check, "c", false, "check the results")
 	fs.Float64Var(&f.scale, "iters", 1, "with -n 0: scale the adaptive iteration counts")
 	fs.IntVar(&f.threads, "threads", 2, "cpupool worker threads")
-	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "rank 0 writes a pprof CPU profile of the timed loops here")
+	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "rank 0 writes a pprof CPU profile of the timed loops here; with {rank} in the path, every rank writes its own")
 	fs.IntVar(&f.depth, "depth", 0, "host backends: ops in flight before the timed loop waits for the oldest (0: one per buffer pair, up to 4; N: only the first N pairs, N ops in flight; 1: each op waited for before the next on one buffer, a blocking loop like MPI_Allreduce's)")
 	fs.BoolVar(&f.rawNCCL, "raw-nccl", false, "with --backend nccl: also raw NCCL calls on the same communicator")
 	fs.IntVar(&f.opts.SegmentBytes, "segment", 0, "cpupool SegmentBytes (0: default)")
@@ -483,8 +483,8 @@ func benchRank(args []string) error {
 		}
 		runners = append(runners, raw)
 	}
-	if f.cpuprofile != "" && pg.Rank() == 0 {
-		stop, err := startCPUProfile(f.cpuprofile)
+	if prof := strings.ReplaceAll(f.cpuprofile, "{rank}", strconv.Itoa(pg.Rank())); prof != "" && (pg.Rank() == 0 || prof != f.cpuprofile) {
+		stop, err := startCPUProfile(prof)
 		if err != nil {
 			return err
 		}
