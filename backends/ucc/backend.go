@@ -142,7 +142,10 @@ type Backend struct {
 	// guards pending, stopped and wd.
 	mu      sync.Mutex
 	pending []*work // posted, not yet finished by UCC, in post order
-	stopped error   // ErrClosed or the abort error; later ops fail with it
+	// recs is the pool of op records (work.go): a record comes back once
+	// its op has left UCC, so a small op allocates only its handle.
+	recs    sync.Pool
+	stopped error // ErrClosed or the abort error; later ops fail with it
 	wd      *watch.Watchdog[*work]
 	fp      *fpGate // the fingerprint check (fingerprint.go); nil when off
 
@@ -301,7 +304,7 @@ func (b *Backend) Close(ctx context.Context) error {
 		return nil
 	}
 	b.stopped = &backend.OpError{Op: "close", Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrClosed}
-	works := append([]*work(nil), b.pending...)
+	works := b.pendingHandlesLocked()
 	b.mu.Unlock()
 	var err error
 	for _, w := range works {
@@ -351,7 +354,9 @@ func (b *Backend) Abort(ctx context.Context, reason error) error {
 	if b.stopped == nil || errors.Is(b.stopped, backend.ErrClosed) {
 		b.stopped = aerr
 	}
-	works := append([]*work(nil), b.pending...)
+	// Handles, not records: a record that leaves UCC once b.mu is
+	// released goes back to the pool.
+	works := b.pendingHandlesLocked()
 	b.wd.Abort()
 	b.mu.Unlock()
 	for _, w := range works {
@@ -522,8 +527,8 @@ func (b *Backend) progress() {
 func (b *Backend) watchLocked() {
 	b.fpTickLocked()
 	for _, w := range b.pending {
-		if !w.watched && w.timeout > 0 && !w.IsCompleted() {
-			b.wd.Enqueue(w, "team", b.born.Add(w.enq), w.timeout)
+		if !w.watched && w.m.Timeout > 0 && !w.IsCompleted() {
+			b.wd.Enqueue(w, "team", b.born.Add(w.h.enq), w.m.Timeout)
 			w.watched = true
 		}
 	}
@@ -582,7 +587,7 @@ func (b *Backend) perform(acts []watch.Action[*work]) {
 			}
 		case watch.Fail:
 			e := errs.Of(a.Failure)
-			slog.Error("gocoll ucc: op failed", "group", b.cfg.GroupDesc, "rank", b.cfg.Rank, "seq", a.Failure.Work.seq,
+			slog.Error("gocoll ucc: op failed", "group", b.cfg.GroupDesc, "rank", b.cfg.Rank, "seq", a.Failure.Work.m.Seq,
 				"op", a.Failure.Work.op.String(), "err", e)
 			a.Failure.Work.fail(e)
 		}
@@ -592,7 +597,7 @@ func (b *Backend) perform(acts []watch.Action[*work]) {
 // failureError builds the error of a failure the watchdog decided.
 func (b *Backend) failureError(f *watch.Failure[*work]) *backend.OpError {
 	w := f.Work
-	e := &backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name}
+	e := &backend.OpError{Op: w.op.String(), Seq: w.m.Seq, Rank: b.cfg.Rank, Backend: Name}
 	switch f.Kind {
 	case watch.Remote:
 		e.Kind, e.Ranks = backend.ErrRemote, []int{f.Peer}
@@ -603,11 +608,11 @@ func (b *Backend) failureError(f *watch.Failure[*work]) *backend.OpError {
 		e.Kind, e.Err = backend.ErrAborted, f.Cause
 		return e
 	}
-	e.Kind, e.Timeout = backend.ErrTimeout, w.timeout
+	e.Kind, e.Timeout = backend.ErrTimeout, w.m.Timeout
 	var parts []string
-	if b.cfg.Desync != nil && w.seq > 0 {
+	if b.cfg.Desync != nil && w.m.Seq > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), storeBound)
-		late, sentence := b.cfg.Desync(ctx, w.op, w.seq)
+		late, sentence := b.cfg.Desync(ctx, w.op, w.m.Seq)
 		cancel()
 		e.Ranks = late
 		if sentence != "" {
@@ -625,4 +630,13 @@ func (b *Backend) failureError(f *watch.Failure[*work]) *backend.OpError {
 	}
 	e.Detail = strings.Join(parts, "; ")
 	return e
+}
+
+// pendingHandlesLocked lists the handles of the pending ops. b.mu is held.
+func (b *Backend) pendingHandlesLocked() []*handle {
+	hs := make([]*handle, len(b.pending))
+	for i, w := range b.pending {
+		hs[i] = w.h
+	}
+	return hs
 }

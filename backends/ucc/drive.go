@@ -56,7 +56,7 @@ const reschedEvery = 5 * time.Millisecond
 //
 // It returns when it began to read the clock (63 rounds in, at most about
 // a millisecond after the call), or the zero time when w finished before.
-func (b *Backend) drive(ctx context.Context, w *work) (start time.Time) {
+func (b *Backend) drive(ctx context.Context, h *handle) (start time.Time) {
 	b.driving.Add(1)
 	b.drives.Add(1)
 	// No kick on the way out, even when work is left pending: the
@@ -73,7 +73,7 @@ func (b *Backend) drive(ctx context.Context, w *work) (start time.Time) {
 	// gu_drive stops when a submit waits for b.mu: it reads b.posting
 	// (an int32 with no Go pointers around it) while it spins.
 	stop := (*C.int32_t)(unsafe.Pointer(&b.posting))
-	for n := 0; !w.IsCompleted(); n++ {
+	for n := 0; !h.IsCompleted(); n++ {
 		if n&63 == 63 {
 			if start.IsZero() {
 				start = time.Now()
@@ -86,15 +86,22 @@ func (b *Backend) drive(ctx context.Context, w *work) (start time.Time) {
 			// A stopped backend's context may be gone (Close destroys it
 			// once nothing is pending; Abort leaves it to the process).
 			live := len(b.pending) > 0 && (b.stopped == nil || errors.Is(b.stopped, backend.ErrClosed))
+			// The op's record, while it is in the check or UCC (nil once
+			// it went back to the pool, or for an op without one).
+			w := h.rec
 			// Not in UCC yet (held for its peers' fingerprints): this loop
 			// spins in Go, where gu_drive's yield does not reach.
-			held := live && w.live == 0
+			held := live && (w == nil || w.live == 0)
 			if live {
-				if w.live > 0 {
+				if w != nil && w.live > 0 {
 					// The C loop of a blocking caller, for up to driveSpin:
 					// progress and test without a cgo crossing per round.
 					w.live = int(C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, C.int64_t(driveSpin), b.yield))
 					w.noteErr()
+				} else if w != nil && b.fp != nil && b.fpDriveLocked(w, stop) {
+					// Held for its peers' fingerprints: the look at the
+					// board, the start and the drive in C (fpfast.go).
+					held = false // gu_fp_drive yields where Options.Yield asks
 				} else if b.fpProgressLocked() {
 					C.gu_context_progress(b.ctx)
 				}

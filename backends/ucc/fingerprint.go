@@ -49,11 +49,12 @@ import (
 type fpGate struct {
 	board      fpBoard
 	rank, size int
-	next       uint64  // numbers given out
-	pub        uint64  // numbers published (in order)
-	chk        uint64  // numbers checked: their works left the queue
-	q          []*work // the works not yet through, in issue order
-	issuing    *work   // the work submit is issuing, during its step
+	next       uint64        // numbers given out
+	pub        uint64        // numbers published (in order)
+	chk        uint64        // numbers checked: their works left the queue
+	q          []*work       // the works not yet through, in issue order
+	issuing    *work         // the work submit is issuing, during its step
+	slots      []C.uintptr_t // fpDriveLocked's peer slot addresses (fpfast.go)
 }
 
 // fpWork is a work's part in the check.
@@ -88,6 +89,7 @@ func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
 	g.issuing = w
 	b.fpStepLocked()
 	g.issuing = nil
+	h, startErr := w.h, w.fpw.startErr // before testLocked, which may recycle w
 	if !w.fpw.held && w.live == 0 && len(w.deps) == 0 {
 		w.testLocked() // done in its start, or nothing for UCC to do: complete now, as submit does
 	} else {
@@ -95,12 +97,12 @@ func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
 		b.npending.Store(int32(len(b.pending)))
 		b.wake()
 	}
-	if w.fpw.startErr {
+	if startErr {
 		// Started at once and refused by UCC: the error comes back now,
 		// as without the check.
-		return nil, w.rerr
+		return nil, h.rerr
 	}
-	return w, nil
+	return h, nil
 }
 
 // fpStepLocked publishes the queue's fingerprints that have room, then
@@ -158,7 +160,7 @@ func (b *Backend) fpReleaseLocked(w *work) bool {
 	g.board.checked(g.chk)
 	if v.kind != nil {
 		w.fpw.held, w.live = false, 0 // reapLocked unpins it and takes it out of b.pending
-		w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: v.kind, Detail: v.detail, Ranks: v.ranks})
+		w.fail(&backend.OpError{Op: w.op.String(), Seq: w.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: v.kind, Detail: v.detail, Ranks: v.ranks})
 		return true
 	}
 	b.fpStartLocked(w)
@@ -178,7 +180,13 @@ func (b *Backend) fpStartLocked(w *work) {
 	if w == b.fp.issuing && len(w.deps) == 0 && w.plan.inline() {
 		pctx = b.ctx
 	}
-	st := C.gu_coll_start(b.team, &w.descs[0], C.int(len(w.descs)), &w.reqs[0], &w.at, &w.post, pctx, &w.cerr)
+	b.fpStartedLocked(w, C.gu_coll_start(b.team, &w.descs[0], C.int(len(w.descs)), &w.reqs[0], &w.at, &w.post, pctx, &w.cerr))
+}
+
+// fpStartedLocked takes in gu_coll_start's (or gu_fp_drive's) result st
+// for w: the requests left in progress, or the failure, which fails the
+// work.
+func (b *Backend) fpStartedLocked(w *work, st C.int) {
 	if st >= 0 {
 		w.live = min(int(st), len(w.reqs))
 		w.noteErr()
@@ -222,7 +230,7 @@ func (b *Backend) fpTickLocked() {
 	ranks, _ := missing(g.board, g.rank, g.size, w.fpw.seq)
 	for _, p := range ranks {
 		if culprit, err := g.board.gone(p); err != nil {
-			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrRemote, Ranks: []int{culprit},
+			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrRemote, Ranks: []int{culprit},
 				Detail: fmt.Sprintf("%v, before rank %d published this op's fingerprint; UCC never saw the op", err, p)})
 			return
 		}

@@ -135,15 +135,16 @@ func (r *fpRings) get(rank int, seq uint64) (fpSlot, bool) {
 	return slotOf(r.slotWord(rank, seq, 1).Load(), r.slotWord(rank, seq, 2).Load()), true
 }
 
-// room reports whether rank may write seq: every other rank has checked
-// seq - k.
-func (r *fpRings) room(rank int, seq uint64) bool {
+// room returns how far rank may write: the lowest of the other ranks'
+// checked numbers plus k (seq may be written when below it).
+func (r *fpRings) room(rank int) uint64 {
+	free := uint64(1<<64 - 1)
 	for p := range r.n {
-		if p != rank && r.checked(p).Load()+uint64(r.k) <= seq {
-			return false
+		if p != rank {
+			free = min(free, r.checked(p).Load()+uint64(r.k))
 		}
 	}
-	return true
+	return free
 }
 
 // heapRings is a board in this process's memory (the TCP side channel's,

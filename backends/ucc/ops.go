@@ -96,8 +96,8 @@ func (b *Backend) allreduceOne(ctx context.Context, m backend.Meta, t *tensor.Te
 	}
 	p := b.plan(backend.OpAllreduce, m, nil)
 	p.print(t.DType(), &opts.ReduceOp, t.Numel(), -1)
-	p.outputs = p.w.one[:]
-	p.w.one[0] = t
+	p.outputs = p.w.h.one[:]
+	p.w.h.one[0] = t
 	p.allreduce(r, t.Bytes())
 	w, err = b.submit(ctx, p)
 	return w, err, true

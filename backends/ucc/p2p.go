@@ -97,7 +97,7 @@ func (b *Backend) MonitoredBarrier(ctx context.Context, m backend.Meta, opts bac
 	if err != nil {
 		return nil, err
 	}
-	w := b.newWork(op, m, nil)
+	w := b.newHandle(op, m)
 	w.enq = b.now()
 	go func() { w.complete(nil, b.monitored(m, opts.WaitAllRanks)) }()
 	return w, nil

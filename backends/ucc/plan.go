@@ -175,11 +175,11 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	if p.barrier {
 		for _, o := range b.pending {
 			if !o.IsCompleted() {
-				w.deps = append(w.deps, o)
+				w.deps = append(w.deps, o.h)
 			}
 		}
 	}
-	w.enq = b.now()
+	w.h.enq = b.now()
 	if b.fp != nil && (w.fpw.on || len(b.fp.q) > 0) {
 		return b.fpSubmitLocked(p)
 	}
@@ -214,14 +214,16 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	}
 	w.live = min(live, len(w.reqs))
 	w.noteErr()
+	h := w.h
 	if w.live == 0 && len(w.deps) == 0 {
 		// Nothing posted, or all of it done inline: complete now (after,
-		// the unpin, a UCC failure's error), without the pending list.
+		// the unpin, a UCC failure's error), without the pending list;
+		// the record goes back to the pool.
 		w.testLocked()
 		if perr != nil {
 			return nil, perr
 		}
-		return w, nil
+		return h, nil
 	}
 	b.pending = append(b.pending, w)
 	b.npending.Store(int32(len(b.pending)))
@@ -232,7 +234,7 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	// progress goroutine (watchLocked): most ops finish sooner, and an
 	// entry per op would cost an append and keep the work alive for a tick.
 	b.wake()
-	return w, nil
+	return h, nil
 }
 
 // hostChecker is ucc's argument checker for rank (backend.HostChecker,

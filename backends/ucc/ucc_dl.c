@@ -266,6 +266,55 @@ int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *sto
 	}
 }
 
+// gu_fp_drive is the Wait of an op held for its peers' fingerprints
+// (fingerprint.go, fpfast.go) in one crossing: it spins on the nslots
+// peer slots of the shared-memory board (each the address of the slot's
+// number word, followed by its two data words) until each holds tag (the
+// op's number + 1), as the drive loop in Go would poll them; then, when
+// every peer's words equal this rank's (w1, w2), it starts the op
+// (gu_coll_start, progressing a small one inline) and drives it
+// (gu_drive) for what is left of spin_ns, and sets *started. Before the
+// start it returns GU_FP_WAITING (*stop turned nonzero, or spin_ns
+// passed; with progress, it progresses ctx between looks, for this
+// group's ops already in UCC) or GU_FP_DIFFER: words that differ are
+// Go's to judge (a count that matches any count, or a mismatch to name).
+// UCC sees nothing of the op before the words agree.
+int gu_fp_drive(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *at, int *posting, uintptr_t ctx, int *err,
+                const int32_t *stop, int64_t spin_ns, int yield, const uintptr_t *slots, int nslots, uint64_t tag, uint64_t w1,
+                uint64_t w2, int progress, int *started) {
+	*started = 0;
+	int64_t end = 0;
+	int seen = 0; // peers whose slot holds tag, in order
+	for (unsigned k = 1;; k++) {
+		while (seen < nslots && __atomic_load_n((const uint64_t *)slots[seen], __ATOMIC_ACQUIRE) == tag) seen++;
+		if (seen == nslots) break;
+		if (__atomic_load_n(stop, __ATOMIC_RELAXED) != 0) return GU_FP_WAITING;
+		if ((k & 15) == 0) {
+			int64_t now = gu_now_ns();
+			if (end == 0) {
+				end = now + spin_ns;
+			} else if (now > end) {
+				return GU_FP_WAITING;
+			}
+		}
+		if (progress) p_ucc_context_progress((ctx_h)ctx);
+		if (yield) sched_yield();
+	}
+	for (int i = 0; i < nslots; i++) {
+		const uint64_t *s = (const uint64_t *)slots[i];
+		if (__atomic_load_n(&s[1], __ATOMIC_RELAXED) != w1 || __atomic_load_n(&s[2], __ATOMIC_RELAXED) != w2) return GU_FP_DIFFER;
+	}
+	*started = 1;
+	int st = gu_coll_start(team, d, n, reqs, at, posting, ctx, err);
+	if (st <= 0) return st;
+	int64_t left = spin_ns;
+	if (end != 0) {
+		left = end - gu_now_ns();
+		if (left < 0) return st;
+	}
+	return gu_drive(ctx, reqs, n, err, stop, left, yield);
+}
+
 // gu_yield gives the core away (Options.Yield) where Go spins without
 // gu_drive: a driver whose op waits for its peers' fingerprints.
 void gu_yield(void) { sched_yield(); }

@@ -18,75 +18,127 @@ import (
 	"github.com/gocoll/gocoll/tensor"
 )
 
-// work is the Work of one op: the UCC requests it posted (several for a
-// list of tensors or a coalesced form, one Work for them all), what to do
-// with the results, and the pins of the host buffers UCC points into.
+// An op is two objects: the handle the caller gets (the backend.Work: the
+// op's identity and its completion, about 150 bytes) and the op's record
+// (work: its plan, UCC requests, pins and place in the fingerprint check,
+// about 450 bytes more), which the backend alone holds.
 //
-// A work completes once: when UCC has finished every request (after runs
-// first), or earlier when it fails (timeout, a peer's abort, Abort). A
-// work failed early stays in Backend.pending while a request is still
-// posted: the progress goroutine finalises the requests if they ever
-// finish, and only then unpins the buffers.
+// Why two: the record is needed only while the op is on its way through
+// the check and UCC; the handle lives as long as the caller keeps it, and
+// backend.Work has no release. The record goes back to the backend's pool
+// (Backend.recs) as soon as the op has left UCC and completed, so that an
+// allreduce of one tensor allocates only the handle: allocating and first
+// touching a fresh 640-byte work per op was a quarter of the Go cost of
+// an 8 B allreduce, and its garbage a GC every few thousand ops that moved
+// the spinning goroutine to another thread. Everything a caller can ask of
+// an old handle (Exception, Future, Duration, SeqNum, Wait) is the
+// handle's own, so a recycled record cannot change it.
 //
-// Why not backend.HostWork: an op of a few bytes costs the raw libucc loop
-// under a microsecond, and a HostWork is three allocations (itself, its
-// Future, the Future's channel) and a clock read more than the work
-// itself. A work carries its completion in its own fields (done, res,
-// err), makes the channel only when a waiter has to block and the Future
-// only when asked for, and embeds its plan, so that an allreduce of one
-// tensor is one allocation.
-type work struct {
-	plan
+// A record stays out of the pool, and goes to the garbage collector
+// instead, when anything but b.mu's structures may still point at it: the
+// watchdog (watched), which reads it after b.mu is released.
+
+// handle is an op's backend.Work.
+type handle struct {
+	b       *Backend
+	op      backend.Op
 	seq     uint64
 	timeout time.Duration
 	enq     time.Duration // issue (Backend.now); the start of Duration
-	watched bool          // in b.wd (the progress goroutine enqueues works that outlive a tick); b.mu
-
-	reqs  []C.uintptr_t // 0 once finalised
-	reqv  [1]C.uintptr_t
-	live  int     // requests not yet finalised, as far as Go knows; b.mu
-	err   error   // the first request that failed in UCC
-	cerr  C.int   // its status, as gu_reap and gu_drive record it
-	at    C.int   // gu_coll_start's report: which collective failed,
-	post  C.int   // and whether in its post
-	deps  []*work // a barrier's earlier works
-	fpw   fpWork  // its part in the fingerprint check (fingerprint.go); b.mu
-	pin   runtime.Pinner
-	pinv  [1][]byte         // plan.pins' first element: no allocation for one buffer
-	descv [1]C.gu_desc      // plan.descs', likewise
-	one   [1]*tensor.Tensor // plan.outputs of an op of one tensor
+	rec     *work         // the op's record while it is the op's (nil after, or for an op without one); b.mu
 
 	done atomic.Bool // set once, after res and err (and end) are written
 	mu   sync.Mutex  // guards the completion below, ch and fut
 	res  []*tensor.Tensor
 	rerr error
-	end  time.Duration   // completion (Backend.now)
-	ch   chan struct{}   // closed at completion; made by a waiter that blocks
-	fut  *backend.Future // made by Future
+	end  time.Duration     // completion (Backend.now)
+	ch   chan struct{}     // closed at completion; made by a waiter that blocks
+	fut  *backend.Future   // made by Future
+	one  [1]*tensor.Tensor // res of an op of one tensor (allreduceOne)
 }
 
-var _ backend.Work = (*work)(nil)
+var _ backend.Work = (*handle)(nil)
 
-// newWork makes the work of op m and its plan (outputs: what the Future
-// gives). enq is taken by submit.
+// work is an op's record: the UCC requests it posted (several for a list
+// of tensors or a coalesced form, one Work for them all), what to do with
+// the results, and the pins of the host buffers UCC points into.
+//
+// A work completes (its handle does) once: when UCC has finished every
+// request (after runs first), or earlier when it fails (timeout, a peer's
+// abort, Abort). A work failed early stays in Backend.pending while a
+// request is still posted: the progress goroutine finalises the requests
+// if they ever finish, and only then unpins the buffers.
+//
+// Why not backend.HostWork: an op of a few bytes costs the raw libucc loop
+// under a microsecond, and a HostWork is three allocations (itself, its
+// Future, the Future's channel) and a clock read more than the work
+// itself. A handle carries its completion in its own fields (done, res,
+// err), makes the channel only when a waiter has to block and the Future
+// only when asked for; the record embeds its plan and is recycled.
+type work struct {
+	plan
+	h       *handle
+	watched bool // in b.wd (the progress goroutine enqueues works that outlive a tick); b.mu
+
+	reqs  []C.uintptr_t // 0 once finalised
+	reqv  [1]C.uintptr_t
+	live  int       // requests not yet finalised, as far as Go knows; b.mu
+	err   error     // the first request that failed in UCC
+	cerr  C.int     // its status, as gu_reap and gu_drive record it
+	at    C.int     // gu_coll_start's report: which collective failed,
+	post  C.int     // and whether in its post
+	deps  []*handle // a barrier's earlier ops
+	fpw   fpWork    // its part in the fingerprint check (fingerprint.go); b.mu
+	pin   runtime.Pinner
+	pinv  [1][]byte    // plan.pins' first element: no allocation for one buffer
+	descv [1]C.gu_desc // plan.descs', likewise
+}
+
+// newHandle makes the handle of op m.
+func (b *Backend) newHandle(op backend.Op, m backend.Meta) *handle {
+	return &handle{b: b, op: op, seq: m.Seq, timeout: m.Timeout}
+}
+
+// newWork makes the record and handle of op m and its plan (outputs: what
+// the Future gives), the record from the pool when one is there. enq is
+// taken by submit.
 func (b *Backend) newWork(op backend.Op, m backend.Meta, outputs []*tensor.Tensor) *work {
-	w := &work{seq: m.Seq, timeout: m.Timeout}
+	h := b.newHandle(op, m)
+	w, _ := b.recs.Get().(*work)
+	if w == nil {
+		w = new(work)
+	}
+	w.h, h.rec = h, w
 	w.plan = plan{b: b, w: w, op: op, m: m, outputs: outputs, descs: w.descv[:0], pins: w.pinv[:0]}
 	return w
 }
 
-// complete finishes the work with (res, err) unless it has finished; it
+// recycleLocked hands w back to the pool once it has left UCC and its
+// handle has completed, unless the watchdog may still read it. b.mu is
+// held: the handle's rec is cleared under it, as drive reads it.
+func (w *work) recycleLocked() {
+	if w.watched {
+		return
+	}
+	b := w.b
+	w.h.rec = nil
+	pin := w.pin // unpinned (testLocked); its backing store is kept for the next op
+	*w = work{pin: pin}
+	b.recs.Put(w)
+}
+
+// complete finishes the op with (res, err) unless it has finished; it
 // reports whether this call finished it.
-func (w *work) complete(res []*tensor.Tensor, err error) bool {
-	w.mu.Lock()
-	if w.done.Load() {
-		w.mu.Unlock()
+func (h *handle) complete(res []*tensor.Tensor, err error) bool {
+	h.mu.Lock()
+	if h.done.Load() {
+		h.mu.Unlock()
 		return false
 	}
-	w.res, w.rerr, w.end = res, err, w.b.now()
-	w.done.Store(true)
-	ch, fut := w.ch, w.fut
-	w.mu.Unlock()
+	h.res, h.rerr, h.end = res, err, h.b.now()
+	h.done.Store(true)
+	ch, fut := h.ch, h.fut
+	h.mu.Unlock()
 	if ch != nil {
 		close(ch)
 	}
@@ -97,21 +149,29 @@ func (w *work) complete(res []*tensor.Tensor, err error) bool {
 }
 
 // doneCh is the channel closed at completion, made on first use.
-func (w *work) doneCh() chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.ch == nil {
-		w.ch = make(chan struct{})
-		if w.done.Load() {
-			close(w.ch)
+func (h *handle) doneCh() chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ch == nil {
+		h.ch = make(chan struct{})
+		if h.done.Load() {
+			close(h.ch)
 		}
 	}
-	return w.ch
+	return h.ch
 }
+
+// IsCompleted reports whether the work's op has completed.
+func (w *work) IsCompleted() bool { return w.h.done.Load() }
+
+// fail completes the work with err, if it has not completed; its requests
+// stay posted until UCC finishes them.
+func (w *work) fail(err error) { w.h.complete(nil, err) }
 
 // testLocked finalises the requests UCC has finished and reports whether
 // the work has left UCC (and its barrier dependencies are complete); it
-// then completes the work, unless it failed before. b.mu is held.
+// then completes the work, unless it failed before, and recycles the
+// record: the caller must not use w after true. b.mu is held.
 func (w *work) testLocked() bool {
 	if w.fpw.held || w.reap() {
 		return false
@@ -124,17 +184,19 @@ func (w *work) testLocked() bool {
 	w.deps = nil
 	w.pin.Unpin()
 	w.pins, w.arrs = nil, nil
-	if !w.IsCompleted() {
+	h := w.h
+	if !h.IsCompleted() {
 		if w.err != nil {
-			w.complete(nil, &backend.OpError{Op: w.op.String(), Seq: w.seq, Rank: w.b.cfg.Rank, Backend: Name, Kind: backend.ErrRemote, Err: w.err,
+			h.complete(nil, &backend.OpError{Op: h.op.String(), Seq: h.seq, Rank: w.b.cfg.Rank, Backend: Name, Kind: backend.ErrRemote, Err: w.err,
 				Detail: "UCC failed the collective"})
 		} else {
 			if w.after != nil {
 				w.after()
 			}
-			w.complete(w.outputs, nil)
+			h.complete(w.outputs, nil)
 		}
 	}
+	w.recycleLocked()
 	return true
 }
 
@@ -158,93 +220,92 @@ func (w *work) noteErr() {
 	}
 }
 
-// fail completes the work with err, if it has not completed; its requests
-// stay posted until UCC finishes them.
-func (w *work) fail(err error) { w.complete(nil, err) }
+// fail completes the op with err, if it has not completed.
+func (h *handle) fail(err error) { h.complete(nil, err) }
 
 // WaitHost implements backend.Work. When ctx ends first, the error (a
 // *backend.WaitError) names the op and says that the caller's deadline
 // fired, and whether the op's own timeout had passed.
-func (w *work) WaitHost(ctx context.Context) error {
+func (h *handle) WaitHost(ctx context.Context) error {
 	var start time.Time
-	if !w.IsCompleted() {
+	if !h.IsCompleted() {
 		// Its clock read, not one here: most waits need none.
-		start = w.b.drive(ctx, w)
+		start = h.b.drive(ctx, h)
 	}
-	if w.IsCompleted() {
-		return w.rerr
+	if h.IsCompleted() {
+		return h.rerr
 	}
 	if start.IsZero() {
 		start = time.Now()
 	}
 	select {
-	case <-w.doneCh():
-		return w.rerr
+	case <-h.doneCh():
+		return h.rerr
 	case <-ctx.Done():
-		return &backend.WaitError{Op: w.op.String(), Seq: w.seq, Rank: w.b.cfg.Rank, Backend: Name, Timeout: w.timeout,
-			Waited: time.Since(start), Elapsed: w.b.now() - w.enq, Err: ctx.Err()}
+		return &backend.WaitError{Op: h.op.String(), Seq: h.seq, Rank: h.b.cfg.Rank, Backend: Name, Timeout: h.timeout,
+			Waited: time.Since(start), Elapsed: h.b.now() - h.enq, Err: ctx.Err()}
 	}
 }
 
 // Wait implements backend.Work: it progresses UCC itself for a while
 // (drive.go), then blocks until the op completes.
-func (w *work) Wait(ctx context.Context) error {
-	if !w.IsCompleted() {
-		w.b.drive(ctx, w)
+func (h *handle) Wait(ctx context.Context) error {
+	if !h.IsCompleted() {
+		h.b.drive(ctx, h)
 	}
-	if !w.IsCompleted() {
-		<-w.doneCh()
+	if !h.IsCompleted() {
+		<-h.doneCh()
 	}
-	return w.rerr
+	return h.rerr
 }
 
 // BlockStream implements backend.Work: with no stream to order, it blocks
 // the host.
-func (w *work) BlockStream(backend.Stream) error { return w.Wait(context.Background()) }
+func (h *handle) BlockStream(backend.Stream) error { return h.Wait(context.Background()) }
 
 // IsCompleted implements backend.Work.
-func (w *work) IsCompleted() bool { return w.done.Load() }
+func (h *handle) IsCompleted() bool { return h.done.Load() }
 
 // IsStarted implements backend.Work: a work exists once posted.
-func (w *work) IsStarted() (bool, error) { return true, nil }
+func (h *handle) IsStarted() (bool, error) { return true, nil }
 
 // Exception implements backend.Work.
-func (w *work) Exception() error {
-	if !w.done.Load() {
+func (h *handle) Exception() error {
+	if !h.done.Load() {
 		return nil
 	}
-	return w.rerr
+	return h.rerr
 }
 
 // Future implements backend.Work; the Future is made on first use.
-func (w *work) Future() *backend.Future {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.fut == nil {
-		w.fut = backend.NewFuture()
-		if w.done.Load() {
-			w.fut.Complete(w.res, w.rerr)
+func (h *handle) Future() *backend.Future {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fut == nil {
+		h.fut = backend.NewFuture()
+		if h.done.Load() {
+			h.fut.Complete(h.res, h.rerr)
 		}
 	}
-	return w.fut
+	return h.fut
 }
 
 // SeqNum implements backend.Work.
-func (w *work) SeqNum() uint64 { return w.seq }
+func (h *handle) SeqNum() uint64 { return h.seq }
 
 // Duration implements backend.Work: from issue to completion.
-func (w *work) Duration() (time.Duration, error) {
-	if !w.done.Load() {
+func (h *handle) Duration() (time.Duration, error) {
+	if !h.done.Load() {
 		return 0, errors.New("duration requested before the op completed")
 	}
-	return w.end - w.enq, nil
+	return h.end - h.enq, nil
 }
 
-// Abort implements backend.Work: it fails this work with ErrAborted (UCC
+// Abort implements backend.Work: it fails this op with ErrAborted (UCC
 // cannot cancel the requests, which stay posted, as after a timeout).
-func (w *work) Abort(reason error) {
-	if w.done.Load() {
+func (h *handle) Abort(reason error) {
+	if h.done.Load() {
 		return
 	}
-	w.complete(nil, fmt.Errorf("%w: %w", backend.ErrAborted, reason))
+	h.complete(nil, fmt.Errorf("%w: %w", backend.ErrAborted, reason))
 }

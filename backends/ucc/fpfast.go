@@ -1,0 +1,66 @@
+package ucc
+
+/*
+#include "ucc_dl.h"
+*/
+import "C"
+
+import "unsafe"
+
+// The fast path of a held op's Wait (shared-memory board only): the
+// driver's loop, waiting for the peers' fingerprints and then starting and
+// driving the op, runs in C (gu_fp_drive), one crossing where the Go loop
+// took a round of TryLock, reap, publish and judge per look at the board
+// and a second crossing to start the op. At 8 B the time from the last
+// peer's publication to this rank's post is on the critical path of
+// every op (the price of the check, fingerprint.go), so the shorter the
+// look, the smaller the price. C only compares: when every peer's words
+// equal this rank's, the op starts there; any difference (a count that
+// agrees with any count, or a mismatch) comes back to Go's judge, which
+// has the words for the error. UCC sees nothing of the op before that.
+
+// fpDriveLocked drives w, held for its peers' fingerprints at the head
+// of the queue, through gu_fp_drive. It reports false where the fast path
+// does not apply (another transport, not the head, nothing for UCC) or C
+// found words to judge: the caller then runs the Go loop's round. b.mu is
+// held.
+func (b *Backend) fpDriveLocked(w *work, stop *C.int32_t) bool {
+	g := b.fp
+	sb, ok := g.board.(*shmBoard)
+	if !ok || sb.r == nil || !w.fpw.held || !w.fpw.on || len(w.descs) == 0 || len(g.q) == 0 || g.q[0] != w || w.fpw.seq >= g.pub {
+		return false
+	}
+	if len(g.slots) != g.size-1 {
+		g.slots = make([]C.uintptr_t, 0, g.size-1)
+	}
+	g.slots = g.slots[:0]
+	for p := range g.size {
+		if p != g.rank {
+			g.slots = append(g.slots, C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slotWord(p, w.fpw.seq, 0)))))
+		}
+	}
+	w1, w2 := w.fpw.slot.words()
+	// Progress while waiting only when UCC has ops of this group
+	// (fpProgressLocked): otherwise the look at the board comes sooner.
+	progress := C.int(0)
+	if b.fpProgressLocked() {
+		progress = 1
+	}
+	var started C.int
+	st := C.gu_fp_drive(b.team, &w.descs[0], C.int(len(w.descs)), &w.reqs[0], &w.at, &w.post, b.ctx, &w.cerr,
+		stop, C.int64_t(driveSpin), b.yield, &g.slots[0], C.int(len(g.slots)), C.uint64_t(w.fpw.seq+1), C.uint64_t(w1), C.uint64_t(w2),
+		progress, &started)
+	if started == 0 {
+		return st == C.GU_FP_WAITING
+	}
+	// Checked and started: what fpReleaseLocked and fpStartLocked do
+	// after a Go judge's agreement.
+	g.chk = w.fpw.seq + 1
+	g.board.checked(g.chk)
+	m := copy(g.q, g.q[1:])
+	g.q[m] = nil
+	g.q = g.q[:m]
+	w.fpw.held = false
+	b.fpStartedLocked(w, st)
+	return true
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package ucc
+
+const raceOn = false
