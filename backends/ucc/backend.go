@@ -49,7 +49,8 @@
 // (their pending works fail with ErrRemote naming this rank), stops the
 // progress goroutine, and makes later ops fail with ErrAborted keeping the
 // reason. What UCC holds then — the library handle, context, team, the
-// requests still posted and the host buffers they point into — stays
+// requests still posted, the host buffers they point into and the C memory
+// of small ops (small.go) — stays
 // allocated until the process exits. Close waits (bounded by its ctx) for
 // the pending works, then destroys team, context and library when no
 // request is left posted, and leaves them allocated otherwise; it never
@@ -147,7 +148,8 @@ type Backend struct {
 	recs    sync.Pool
 	stopped error // ErrClosed or the abort error; later ops fail with it
 	wd      *watch.Watchdog[*work]
-	fp      *fpGate // the fingerprint check (fingerprint.go); nil when off
+	fp      *fpGate   // the fingerprint check (fingerprint.go); nil when off
+	small   smallSlab // C memory for small ops (small.go)
 
 	// driving counts the goroutines progressing UCC from Wait (drive.go);
 	// posting counts the submits waiting for mu, which the drivers let in.
@@ -217,6 +219,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		b.oob.deadline = dl
 	}
 	b.oobH = cgo.NewHandle(b.oob)
+	b.small = newSmallSlab()
 	if err := b.wireUp(ctx); err != nil {
 		// What UCC made stays: its destroy calls need the peers' progress.
 		return nil, &backend.OpError{Op: "init", Rank: cfg.Rank, Backend: Name, Kind: backend.ErrUnavailable, Err: err}
@@ -338,6 +341,7 @@ func (b *Backend) Close(ctx context.Context) error {
 		time.Sleep(100 * time.Microsecond)
 	}
 	b.fpCloseLocked()
+	b.freeSmallLocked()
 	C.gu_context_destroy(b.ctx)
 	C.gu_finalize(b.lib)
 	b.oobH.Delete()

@@ -98,7 +98,15 @@ func (b *Backend) allreduceOne(ctx context.Context, m backend.Meta, t *tensor.Te
 	p.print(t.DType(), &opts.ReduceOp, t.Numel(), -1)
 	p.outputs = p.w.h.one[:]
 	p.w.h.one[0] = t
-	p.allreduce(r, t.Bytes())
+	if buf := t.Bytes(); len(buf) > 0 && len(buf) <= smallBytes {
+		// Through the backend's C slab (small.go) when submit finds a
+		// slot: the address is set there.
+		p.small = buf
+		p.add(C.gu_desc{coll_type: collAllreduce, op: C.int(r.op), dt: C.uint64_t(r.dt), flags: flagInPlace,
+			src_count: r.count(buf), dst_count: r.count(buf)})
+	} else {
+		p.allreduce(r, buf)
+	}
 	w, err = b.submit(ctx, p)
 	return w, err, true
 }

@@ -72,6 +72,9 @@ type plan struct {
 	after   func()
 	outputs []*tensor.Tensor
 	barrier bool
+	// small is the tensor of an in-place allreduce that goes through the
+	// backend's C slab (small.go); descs[0] gets its slot's address.
+	small []byte
 }
 
 func (b *Backend) plan(op backend.Op, m backend.Meta, outputs []*tensor.Tensor) *plan {
@@ -161,6 +164,12 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	if err := b.usableLocked(p.op, p.m.Seq); err != nil {
 		return nil, err
 	}
+	if p.small != nil && !b.smallLocked(w) {
+		// No slot free: UCC gets the tensor itself, pinned.
+		p.descs[0].src = p.buf(p.small)
+		p.descs[0].dst = p.descs[0].src
+		p.small = nil
+	}
 	for _, bs := range p.pins {
 		w.pin.Pin(&bs[0])
 	}
@@ -201,6 +210,9 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 		} else {
 			if w.post == 0 {
 				w.pin.Unpin()
+				if w.slot != 0 {
+					b.smallDoneLocked(w, false) // UCC never ran it
+				}
 				err := &Error{Call: "ucc_collective_init", Status: int(st)}
 				return nil, &backend.OpError{Op: p.op.String(), Seq: p.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: errKind(err), Err: err,
 					Detail: fmt.Sprintf("collective %d of %d of the op", int(w.at)+1, len(p.descs))}

@@ -92,6 +92,7 @@ type work struct {
 	pin   runtime.Pinner
 	pinv  [1][]byte    // plan.pins' first element: no allocation for one buffer
 	descv [1]C.gu_desc // plan.descs', likewise
+	slot  int          // the C slab's slot + 1 of a small op (small.go); 0: none
 }
 
 // newHandle makes the handle of op m.
@@ -182,8 +183,13 @@ func (w *work) testLocked() bool {
 		}
 	}
 	w.deps = nil
-	w.pin.Unpin()
+	if len(w.pins) > 0 || len(w.arrs) > 0 {
+		w.pin.Unpin() // a small op through the C slab pinned nothing
+	}
 	w.pins, w.arrs = nil, nil
+	if w.slot != 0 {
+		w.b.smallDoneLocked(w, true)
+	}
 	h := w.h
 	if !h.IsCompleted() {
 		if w.err != nil {

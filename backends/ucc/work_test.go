@@ -243,3 +243,46 @@ func TestAllreduceAllocs(t *testing.T) {
 		})
 	}
 }
+
+// TestSmallSlab: a small in-place allreduce goes through the C slab and
+// gives its slot back; with every slot taken it pins the tensor instead.
+// One rank's sum is the tensor itself, so the values show that the bytes
+// went in and came back (a MAX over a second tensor would not tell more
+// at one rank). The 2- and 4-rank sums are the conformance run's.
+func TestSmallSlab(t *testing.T) {
+	b := oneRank(t, FingerprintsAuto)
+	check := func(label string, x *tensor.Tensor, want []float64) {
+		t.Helper()
+		got, _ := x.Float64s()
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("%s: allreduce gave %v, want %v", label, got, want)
+			}
+		}
+	}
+	vals := []float64{1.5, -2, 3, 4e6}
+	x, _ := tensor.FromFloat64s(tensor.Float32, vals)
+	allreduce(t, b, 1, x)
+	check("through the slab", x, vals)
+	b.mu.Lock()
+	free := len(b.small.free)
+	// Every slot taken: the next op pins.
+	taken := b.small.free
+	b.small.free = nil
+	b.mu.Unlock()
+	if free != smallSlots {
+		t.Fatalf("%d of %d slots free after the op; it did not give its slot back", free, smallSlots)
+	}
+	allreduce(t, b, 2, x)
+	check("pinned (no slot free)", x, vals)
+	b.mu.Lock()
+	b.small.free = taken
+	b.mu.Unlock()
+	// Past smallBytes: pinned.
+	big := tensor.New(tensor.Float32, smallBytes/4+1)
+	big.Fill(7)
+	allreduce(t, b, 3, big)
+	if v, _ := big.Float64s(); v[0] != 7 || v[len(v)-1] != 7 {
+		t.Fatalf("allreduce of %d bytes gave %v...", smallBytes+4, v[:2])
+	}
+}
