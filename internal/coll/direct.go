@@ -14,18 +14,52 @@ type DirectLanes interface {
 	Lanes
 	// ReadPeer copies len(dst) bytes at addr in peer's memory into dst.
 	ReadPeer(peer int, dst []byte, addr uintptr) error
+	// Expect waits until peer's next message is there, as a large op's
+	// sync point should: its peers are busy with the same op, so it polls
+	// longer than a small op's receive before it parks.
+	Expect(ctx context.Context, peer int) error
+}
+
+const (
+	// directChunk is the least a direct allreduce's owner reduces before
+	// it tells the others that they may read it: small enough that the
+	// readers start early (and read it while it is in the owner's cache),
+	// large enough that the notices cost little.
+	directChunk = 512 << 10
+	// directChunks bounds the chunks of a block, so that the notices a
+	// rank sends while it reduces, which the others read only when they
+	// gather, always fit in its lanes.
+	directChunks = 64
+)
+
+// directStep is the chunk length of a block of n bytes of elements of
+// elem bytes: a function of n alone, so that every rank cuts every block
+// the same way.
+func directStep(n, elem int) int {
+	step := max(directChunk, (n+directChunks-1)/directChunks)
+	return step + (elem-step%elem)%elem
 }
 
 // AllreduceDirect is a large allreduce between ranks of one host by direct
-// reads: every rank sends its buffer's address over the lanes; rank r
-// then reduces block r (SplitEven's) of every peer into its own, reading
-// each peer's block in pieces of len(scratch) straight from its memory,
-// and after a barrier reads every other reduced block from its owner
-// into its buffer; a last barrier keeps every buffer in place until all
-// have read. Each byte crosses between processes once (a ring writes it
-// into shared memory and reads it out), and the reduction reads the
-// peer's piece from cache. Every block is reduced once, by its owner, so
-// every rank ends with the same bits.
+// reads. Every rank sends its buffer's address over the lanes. Rank r owns
+// block r (SplitEven's): chunk by chunk, it reduces that chunk of every
+// peer's buffer into its own, reading the peer's bytes in pieces of
+// len(scratch) straight from its memory into cache, and then tells every
+// peer that the chunk is done. Then it gathers: from each peer q in turn
+// (starting at r+1, so that the owners are read evenly), it reads q's
+// reduced chunks into its own block q as q announces them, and tells q
+// when it is done with it; it returns once every peer is done with it, so
+// every buffer stays in place while it is read.
+//
+// Each byte crosses between processes once (a ring writes it into shared
+// memory and reads it out), the reduction reads the peer's piece from
+// cache, every block is reduced once, by its owner, so every rank ends
+// with the same bits, and there is no barrier: a rank gathers a chunk as
+// soon as its owner has reduced it. The order is safe: rank q reads chunk
+// c of r's block q before it announces c, and r overwrites that chunk of
+// its block q only after the announcement; r reads q's block r (phase 1)
+// and q's block q (gather) before it tells q that it is done, and q does
+// not return before it has heard that from every peer.
 func AllreduceDirect(ctx context.Context, t DirectLanes, buf []byte, k reduce.Kernel, scratch []byte) error {
 	n, r := t.Size(), t.Rank()
 	if n <= 1 || len(buf) == 0 {
@@ -43,60 +77,75 @@ func AllreduceDirect(ctx context.Context, t DirectLanes, buf []byte, k reduce.Ke
 	addrs := make([]uintptr, n)
 	for p := range n {
 		if p != r {
+			if err := t.Expect(ctx, p); err != nil {
+				return err
+			}
 			if err := t.Recv(ctx, p, 8, 8, func(_ int, src []byte) { addrs[p] = uintptr(binary.LittleEndian.Uint64(src)) }); err != nil {
 				return err
 			}
 		}
 	}
-	blocks := SplitEven(buf, n, k.ElemSize)
+	e := k.ElemSize
+	blocks := SplitEven(buf, n, e)
 	offs := make([]uintptr, n)
 	for i := 1; i < n; i++ {
 		offs[i] = offs[i-1] + uintptr(len(blocks[i-1]))
 	}
-	piece := len(scratch) - len(scratch)%k.ElemSize
+	piece := len(scratch) - len(scratch)%e
 	blk := blocks[r]
-	for p := range n {
-		if p == r {
-			continue
-		}
-		for off := 0; off < len(blk); off += piece {
-			c := min(piece, len(blk)-off)
-			if err := t.ReadPeer(p, scratch[:c], addrs[p]+offs[r]+uintptr(off)); err != nil {
-				return err
-			}
-			k.Combine(blk[off:off+c], scratch[:c])
-		}
-	}
-	if err := barrier(ctx, t); err != nil {
-		return err
-	}
-	for p := range n {
-		if p != r && len(blocks[p]) > 0 {
-			if err := t.ReadPeer(p, blocks[p], addrs[p]+offs[p]); err != nil {
-				return err
+	step := directStep(len(blk), e)
+	for c := 0; c < len(blk); c += step {
+		end := min(c+step, len(blk))
+		for i := 1; i < n; i++ {
+			p := (r + i) % n
+			for off := c; off < end; off += piece {
+				l := min(piece, end-off)
+				if err := t.ReadPeer(p, scratch[:l], addrs[p]+offs[r]+uintptr(off)); err != nil {
+					return err
+				}
+				k.Combine(blk[off:off+l], scratch[:l])
 			}
 		}
+		for p := range n {
+			if p != r {
+				if err := t.Send(ctx, p, nil); err != nil {
+					return err
+				}
+			}
+		}
 	}
-	return barrier(ctx, t)
-}
-
-// barrier is an empty message to every peer and one from each, over the
-// lanes.
-func barrier(ctx context.Context, t Lanes) error {
-	r, n := t.Rank(), t.Size()
+	for i := 1; i < n; i++ {
+		p := (r + i) % n
+		b := blocks[p]
+		step := directStep(len(b), e)
+		for c := 0; c < len(b); c += step {
+			if err := recvNotice(ctx, t, p); err != nil {
+				return err
+			}
+			end := min(c+step, len(b))
+			if err := t.ReadPeer(p, b[c:end], addrs[p]+offs[p]+uintptr(c)); err != nil {
+				return err
+			}
+		}
+		if err := t.Send(ctx, p, nil); err != nil {
+			return err
+		}
+	}
 	for p := range n {
 		if p != r {
-			if err := t.Send(ctx, p, nil); err != nil {
-				return err
-			}
-		}
-	}
-	for p := range n {
-		if p != r {
-			if err := t.Recv(ctx, p, 0, 1, func(int, []byte) {}); err != nil {
+			if err := recvNotice(ctx, t, p); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// recvNotice receives peer's next empty message (a chunk done, or done
+// reading) with a large op's wait.
+func recvNotice(ctx context.Context, t DirectLanes, peer int) error {
+	if err := t.Expect(ctx, peer); err != nil {
+		return err
+	}
+	return t.Recv(ctx, peer, 0, 1, func(int, []byte) {})
 }

@@ -567,9 +567,17 @@ func futexWake(addr *atomic.Uint32) {
 // own. It fails with ErrClosed, with ErrPeerDead once the peer is dead and
 // fewer than n bytes remain, with ctx's error, or with check's.
 func (r *Ring) Await(ctx context.Context, n int, spin, slice time.Duration, check func() error) error {
+	return r.AwaitYield(ctx, n, spin, r.Yield, slice, check)
+}
+
+// AwaitYield is Await with yield in place of the ring's Yield: how long
+// it polls with sched_yield, when spin <= 0, before it sleeps. A large
+// op's waits use longer spins and yields than a small op's, as the peer
+// they wait for is busy with the same op for milliseconds, and a sleep's
+// wake-up (a halted virtual CPU's, above all) costs more than the spin.
+func (r *Ring) AwaitYield(ctx context.Context, n int, spin, yield, slice time.Duration, check func() error) error {
 	need := uint64(n)
 	var start time.Time
-	yield := r.Yield
 	for i := 0; ; i++ {
 		dead := r.dead.Load()
 		if r.tail.Load()-r.head.Load() >= need {
