@@ -98,6 +98,12 @@ type Options struct {
 	// SmallBytes is the size up to which allreduce uses recursive doubling
 	// rather than the ring (default 256 KiB).
 	SmallBytes int
+	// LaneBytes is the size up to which an allreduce between ranks of one
+	// host runs recursive doubling over the lanes (shared memory, in
+	// chunks) rather than direct reads of the peers' buffers. Default:
+	// 2 MiB at 2 ranks, where the lanes' copies stay in cache and beat the
+	// kernel's page-by-page reads; SmallBytes otherwise.
+	LaneBytes int
 	// Window is how many segment receives are posted ahead (default 4).
 	Window int
 	// SocketBufferBytes, when > 0, sets SO_SNDBUF and SO_RCVBUF of the

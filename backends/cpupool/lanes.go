@@ -24,11 +24,25 @@ import (
 // only), and a rank that decided otherwise because its size differs is
 // caught (laneCheck sees its ring message and names it).
 
-// laneBytes is the largest allreduce that takes the lanes: beyond, the
-// ring's bandwidth wins over recursive doubling's fewer steps.
+// laneBytes is the largest allreduce that takes the lanes (Options.LaneBytes):
+// beyond, direct reads (or the ring) move fewer bytes than recursive
+// doubling. Two ranks exchange the whole buffer once either way, and
+// below about 2 MiB (this host's L2) the lanes' user-space copies beat
+// the kernel's reads, which pin and copy the peer's pages one by one: at
+// 512 KiB and 1 MiB the lanes took 70-75 and 148-160 µs against the
+// direct reads' 100-119 and 190-207 (docs/perf.md).
 func (b *Backend) laneBytes() int {
-	return min(b.comm.Small, tcpmesh.LaneMax, b.opts.SmallBytes)
+	if b.opts.LaneBytes > 0 {
+		return b.opts.LaneBytes
+	}
+	if b.cfg.WorldSize == 2 {
+		return defaultLaneBytes2
+	}
+	return min(b.comm.Small, b.opts.SmallBytes)
 }
+
+// defaultLaneBytes2 is laneBytes' default at 2 ranks.
+const defaultLaneBytes2 = 2 << 20
 
 // lanesFor reports whether an allreduce of n bytes takes the lanes.
 func (b *Backend) lanesFor(n int) bool {
@@ -44,7 +58,7 @@ func (b *Backend) directFor(n int) bool {
 
 // directPiece is how much of a peer's block a direct allreduce reads
 // before it reduces it: small enough to stay in cache.
-const directPiece = 128 << 10
+const directPiece = 512 << 10
 
 // laneOp is one lane op's view of the mesh: its tag and fingerprint bound
 // to coll.Lanes' calls.

@@ -10,6 +10,8 @@ import (
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/backends/cpupool"
+	"github.com/gocoll/gocoll/internal/coll"
+	"github.com/gocoll/gocoll/internal/tcpmesh"
 	"github.com/gocoll/gocoll/reduceop"
 	"github.com/gocoll/gocoll/tensor"
 )
@@ -177,6 +179,53 @@ func TestIdleGroupCPU(t *testing.T) {
 	t.Logf("idle: %v of CPU in %v for 2 ranks: %.3f %% of a core per rank", used, wall.Round(time.Millisecond), 100*share)
 	if share > 0.01 {
 		t.Errorf("an idle rank uses %.2f %% of a core (want <= 1 %%)", 100*share)
+	}
+}
+
+// TestLaneAllreduceChunked runs lane allreduces larger than a lane message
+// (coll.LaneChunk), which recursive doubling exchanges in chunks: worlds
+// 2, 3 (the fold) and 4, with LaneBytes raised so that all take the lanes,
+// element sizes 1 to 8 with odd counts (a last chunk of a few elements),
+// and 4 float32 ops in a row (2.3 MiB), so that chunks wrap around the lanes.
+func TestLaneAllreduceChunked(t *testing.T) {
+	if 4*(coll.LaneChunk+64) > tcpmesh.LaneRingBytes || coll.LaneChunk > tcpmesh.LaneMax {
+		t.Fatalf("four lane chunks of %d bytes do not fit in a lane of %d bytes", coll.LaneChunk, tcpmesh.LaneRingBytes)
+	}
+	ctx := context.Background()
+	for _, n := range []int{2, 3, 4} {
+		bs := group(t, n, &cpupool.Options{Transport: "shm", LaneBytes: 8 << 20})
+		for _, c := range []struct {
+			dt    tensor.DType
+			elems int
+		}{{tensor.Int8, 270001}, {tensor.Float16, 140001}, {tensor.Float32, 150001}, {tensor.Float64, 75001}} {
+			for _, op := range []reduceop.ReduceOp{backend.SUM, backend.MAX} {
+				if op.Type == reduceop.Max && c.dt != tensor.Float32 {
+					continue // the kernels are the lanes' either way: time under -race
+				}
+				each(t, bs, func(r int, b backend.Backend) error {
+					val := func(rank, i int) float64 { return float64((i+rank)%3 + 1) }
+					for k := range 4 {
+						vals := make([]float64, c.elems)
+						for i := range vals {
+							vals[i] = val(r+k, i)
+						}
+						got, err := allreduceValues(ctx, b, c.dt, op, vals)
+						if err != nil {
+							return err
+						}
+						for i, v := range got {
+							if want := laneExpect(c.dt, op, n, func(rank int) float64 { return val(rank+k, i) }); v != want {
+								return fmt.Errorf("world %d %v %v rank %d op %d: element %d = %v, want %v", n, c.dt, op, r, k, i, v, want)
+							}
+						}
+						if c.dt != tensor.Float32 {
+							break // one op of the other types; float32 goes round the lanes
+						}
+					}
+					return nil
+				})
+			}
+		}
 	}
 }
 

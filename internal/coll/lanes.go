@@ -45,29 +45,83 @@ func AllreduceLanes(ctx context.Context, t Lanes, buf []byte, k reduce.Kernel) e
 	d := planRD(n, r)
 	if d.folded() {
 		if r%2 == 0 {
-			if err := t.Send(ctx, r+1, buf); err != nil {
+			if err := sendChunks(ctx, t, r+1, buf, e); err != nil {
 				return err
 			}
-		} else if err := t.RecvInto(ctx, r-1, buf, e, combine); err != nil {
+		} else if err := recvChunks(ctx, t, r-1, buf, e, combine); err != nil {
 			return err
 		}
 	}
 	if d.newrank >= 0 {
 		for mask := 1; mask < d.p; mask <<= 1 {
-			dst := d.peer(mask)
-			if err := t.Send(ctx, dst, buf); err != nil {
-				return err
-			}
-			if err := t.RecvInto(ctx, dst, buf, e, combine); err != nil {
+			if err := exchangeChunks(ctx, t, d.peer(mask), buf, e, combine); err != nil {
 				return err
 			}
 		}
 	}
 	if d.folded() {
 		if r%2 == 0 {
-			return t.RecvInto(ctx, r+1, buf, e, copyRun)
+			return recvChunks(ctx, t, r+1, buf, e, copyRun)
 		}
-		return t.Send(ctx, r-1, buf)
+		return sendChunks(ctx, t, r-1, buf, e)
+	}
+	return nil
+}
+
+// LaneChunk is the largest message AllreduceLanes sends: a larger buffer
+// goes in chunks, so that an allreduce may exceed what a lane holds, and
+// the peer reduces one chunk while this rank copies in the next. Four
+// chunks (and their headers) must fit in a lane: exchangeChunks keeps at
+// most four of a rank's chunks unread.
+const LaneChunk = 256<<10 - 256
+
+// laneStep is the chunk length for elements of elem bytes.
+func laneStep(elem int) int { return LaneChunk - LaneChunk%elem }
+
+// sendChunks sends buf to peer in chunks.
+func sendChunks(ctx context.Context, t Lanes, peer int, buf []byte, elem int) error {
+	step := laneStep(elem)
+	for off := 0; off < len(buf); off += step {
+		if err := t.Send(ctx, peer, buf[off:min(off+step, len(buf))]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recvChunks receives sendChunks' chunks from peer into buf with fn.
+func recvChunks(ctx context.Context, t Lanes, peer int, buf []byte, elem int, fn func(dst, src []byte)) error {
+	step := laneStep(elem)
+	for off := 0; off < len(buf); off += step {
+		if err := t.RecvInto(ctx, peer, buf[off:min(off+step, len(buf))], elem, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// exchangeChunks sends buf to peer and combines peer's buf into it, chunk
+// by chunk, the next chunk sent before the current one is received (and
+// combined: a chunk is sent before it changes), so that the two ranks copy
+// in and reduce at once. It never deadlocks: when this rank sends chunk
+// i+1 it has received chunk i-1, so the peer has received (read) this
+// rank's chunk i-3 or later, and at most four chunks of this rank are
+// unread; the peer is never blocked sending at the same time, since that
+// would need this rank to have read chunks it has not.
+func exchangeChunks(ctx context.Context, t Lanes, peer int, buf []byte, elem int, fn func(dst, src []byte)) error {
+	step := laneStep(elem)
+	if err := t.Send(ctx, peer, buf[:min(step, len(buf))]); err != nil {
+		return err
+	}
+	for off := 0; off < len(buf); off += step {
+		if next := off + step; next < len(buf) {
+			if err := t.Send(ctx, peer, buf[next:min(next+step, len(buf))]); err != nil {
+				return err
+			}
+		}
+		if err := t.RecvInto(ctx, peer, buf[off:min(off+step, len(buf))], elem, fn); err != nil {
+			return err
+		}
 	}
 	return nil
 }
