@@ -96,7 +96,10 @@ func (b *Backend) drive(ctx context.Context, h *handle) (start time.Time) {
 				if w != nil && w.live > 0 {
 					// The C loop of a blocking caller, for up to driveSpin:
 					// progress and test without a cgo crossing per round.
-					w.live = int(C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, C.int64_t(driveSpin), b.yield))
+					// With an op held for its peers' fingerprints behind
+					// it, the loop also watches for them (fpWatchLocked).
+					slots, nslots, tag := b.fpWatchLocked()
+					w.live = int(C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, C.int64_t(driveSpin), b.yield, slots, nslots, tag))
 					w.noteErr()
 				} else if w != nil && b.fp != nil && b.fpDriveLocked(w, stop) {
 					// Held for its peers' fingerprints: the look at the

@@ -19,6 +19,42 @@ import "unsafe"
 // agrees with any count, or a mismatch) comes back to Go's judge, which
 // has the words for the error. UCC sees nothing of the op before that.
 
+// watch fills g.slots with the addresses of the peers' slots of seq on
+// the shared-memory board sb.
+func (g *fpGate) watch(sb *shmBoard, seq uint64) {
+	if cap(g.slots) < g.size-1 {
+		g.slots = make([]C.uintptr_t, 0, g.size-1)
+	}
+	g.slots = g.slots[:0]
+	for p := range g.size {
+		if p != g.rank {
+			g.slots = append(g.slots, C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slotWord(p, seq, 0)))))
+		}
+	}
+}
+
+// fpWatchLocked is what a driver of an op in UCC watches besides it
+// (gu_drive): the peers' slots of the first op held for their
+// fingerprints, published and at the head of the queue, so that the loop
+// ends as soon as they are all in and Go starts that op (in a window of
+// several ops, the Wait of the oldest is what starts the newer ones; a
+// slice of driveSpin between two looks delayed each start by up to 20
+// µs, a tenth of a 1 MiB allreduce). nslots is 0 when there is nothing
+// to watch (check off, another transport, nothing held). b.mu is held.
+func (b *Backend) fpWatchLocked() (slots *C.uintptr_t, nslots C.int, tag C.uint64_t) {
+	g := b.fp
+	if g == nil || len(g.q) == 0 || g.size < 2 {
+		return nil, 0, 0
+	}
+	w := g.q[0]
+	sb, ok := g.board.(*shmBoard)
+	if !ok || sb.r == nil || !w.fpw.held || !w.fpw.on || w.fpw.seq >= g.pub {
+		return nil, 0, 0
+	}
+	g.watch(sb, w.fpw.seq)
+	return &g.slots[0], C.int(len(g.slots)), C.uint64_t(w.fpw.seq + 1)
+}
+
 // fpDriveLocked drives w, held for its peers' fingerprints at the head
 // of the queue, through gu_fp_drive. It reports false where the fast path
 // does not apply (another transport, not the head, nothing for UCC) or C
@@ -30,15 +66,7 @@ func (b *Backend) fpDriveLocked(w *work, stop *C.int32_t) bool {
 	if !ok || sb.r == nil || !w.fpw.held || !w.fpw.on || len(w.descs) == 0 || len(g.q) == 0 || g.q[0] != w || w.fpw.seq >= g.pub {
 		return false
 	}
-	if len(g.slots) != g.size-1 {
-		g.slots = make([]C.uintptr_t, 0, g.size-1)
-	}
-	g.slots = g.slots[:0]
-	for p := range g.size {
-		if p != g.rank {
-			g.slots = append(g.slots, C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slotWord(p, w.fpw.seq, 0)))))
-		}
-	}
+	g.watch(sb, w.fpw.seq)
 	w1, w2 := w.fpw.slot.words()
 	// Progress while waiting only when UCC has ops of this group
 	// (fpProgressLocked): otherwise the look at the board comes sooner.

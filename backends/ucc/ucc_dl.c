@@ -246,13 +246,22 @@ static int64_t gu_now_ns(void) {
 // done before, and a clock read costs a good part of it. With yield, each
 // round that leaves the op in progress ends in sched_yield, so that a
 // peer rank waiting for this core (more ranks than cores) runs: what Open
-// MPI does when oversubscribed (mpi_yield_when_idle).
-int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, int64_t spin_ns, int yield) {
+// MPI does when oversubscribed (mpi_yield_when_idle). With nslots > 0 it
+// also returns once each of the nslots fingerprint board slots (see
+// gu_fp_drive) holds tag: the peers' fingerprints of the op held behind
+// this one are all in, and Go starts it now rather than after spin_ns.
+int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, int64_t spin_ns, int yield, const uintptr_t *slots,
+             int nslots, uint64_t tag) {
 	int64_t end = 0;
+	int seen = 0;
 	for (unsigned k = 1;; k++) {
 		int busy = gu_reap(reqs, n, err);
 		if (busy == 0) return 0;
 		if (__atomic_load_n(stop, __ATOMIC_RELAXED) != 0) return busy;
+		if (nslots > 0) {
+			while (seen < nslots && __atomic_load_n((const uint64_t *)slots[seen], __ATOMIC_ACQUIRE) == tag) seen++;
+			if (seen == nslots) return busy;
+		}
 		if ((k & 15) == 0) {
 			int64_t now = gu_now_ns();
 			if (end == 0) {
@@ -312,7 +321,7 @@ int gu_fp_drive(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *a
 		left = end - gu_now_ns();
 		if (left < 0) return st;
 	}
-	return gu_drive(ctx, reqs, n, err, stop, left, yield);
+	return gu_drive(ctx, reqs, n, err, stop, left, yield, NULL, 0, 0);
 }
 
 // gu_yield gives the core away (Options.Yield) where Go spins without
