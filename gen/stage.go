@@ -76,6 +76,35 @@ func genStage(s *Spec) ([]byte, error) {
 		callArgs = append(callArgs, Id("opts"))
 		subName := "sub"
 		var body []Code
+		// Host tensors with nothing staged queued before them go
+		// straight to the host backend (hostNow), without the
+		// collection, the closure and the list copies.
+		var hostChecks []Code
+		for _, a := range op.Args {
+			switch a.Type {
+			case "tensor":
+				hostChecks = append(hostChecks, Id("hostTensor").Call(Id(a.Name)))
+			case "tensors":
+				hostChecks = append(hostChecks, Id("hostTensors").Call(Id(a.Name)))
+			case "tensor_lists":
+				hostChecks = append(hostChecks, Id("hostLists").Call(Id(a.Name)))
+			}
+		}
+		if len(hostChecks) > 0 {
+			cond := hostChecks[0]
+			for _, c := range hostChecks[1:] {
+				cond = Add(cond, Op("&&"), c)
+			}
+			direct := []Code{Id("ctx"), Id("m")}
+			for _, a := range op.Args {
+				direct = append(direct, Id(a.Name))
+			}
+			direct = append(direct, Id("opts"))
+			body = append(body, If(Id("b").Dot("hostNow").Call(cond)).Block(
+				Defer().Id("b").Dot("issueMu").Dot("Unlock").Call(),
+				Return(Id("b").Dot("inner").Dot(op.GoName).Call(direct...)),
+			))
+		}
 		ts, back := Id("a").Dot("ts"), Id("a").Dot("back")
 		if n == 0 {
 			subName, ts, back = "_", Nil(), Nil()

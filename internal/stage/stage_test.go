@@ -328,3 +328,29 @@ func TestStreamsCapabilitiesAndRefusals(t *testing.T) {
 		t.Errorf("a tensor of a device without an engine: %v, want ErrUnavailable", err)
 	}
 }
+
+// TestHostOpsGoStraightThrough: a host op with nothing staged before it
+// costs the wrapper no allocation of its own (hostNow): the same count
+// per Allreduce and Wait through the wrapper as on the host backend.
+func TestHostOpsGoStraightThrough(t *testing.T) {
+	re := group(t, 1)[0]
+	inner := re.b.Unwrap()
+	ctx := context.Background()
+	x := []*tensor.Tensor{tensor.New(tensor.Float32, 2)}
+	run := func(b backend.Backend) func() {
+		return func() {
+			w, err := b.Allreduce(ctx, meta(backend.OpAllreduce, 0, 0), x, backend.AllreduceOptions{})
+			if err == nil {
+				err = w.Wait(ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	direct := testing.AllocsPerRun(200, run(inner))
+	wrapped := testing.AllocsPerRun(200, run(re.b))
+	if wrapped > direct {
+		t.Fatalf("a host allreduce through the wrapper: %v allocations, on the host backend itself %v", wrapped, direct)
+	}
+}

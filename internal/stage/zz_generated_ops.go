@@ -10,6 +10,10 @@ import (
 
 // Broadcast implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.BroadcastOptions) (backend.Work, error) {
+	if b.hostNow(hostTensors(tensors)) {
+		defer b.issueMu.Unlock()
+		return b.inner.Broadcast(ctx, m, tensors, opts)
+	}
 	a := new(args).out(tensors...)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.Broadcast(ctx, m, list(sub, tensors), opts)
@@ -18,6 +22,10 @@ func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tens
 
 // Allreduce implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceOptions) (backend.Work, error) {
+	if b.hostNow(hostTensors(tensors)) {
+		defer b.issueMu.Unlock()
+		return b.inner.Allreduce(ctx, m, tensors, opts)
+	}
 	a := new(args).out(tensors...)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.Allreduce(ctx, m, list(sub, tensors), opts)
@@ -26,6 +34,10 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 
 // AllreduceCoalesced implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceCoalescedOptions) (backend.Work, error) {
+	if b.hostNow(hostTensors(tensors)) {
+		defer b.issueMu.Unlock()
+		return b.inner.AllreduceCoalesced(ctx, m, tensors, opts)
+	}
 	a := new(args).out(tensors...)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.AllreduceCoalesced(ctx, m, list(sub, tensors), opts)
@@ -34,6 +46,10 @@ func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensor
 
 // Reduce implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.ReduceOptions) (backend.Work, error) {
+	if b.hostNow(hostTensors(tensors)) {
+		defer b.issueMu.Unlock()
+		return b.inner.Reduce(ctx, m, tensors, opts)
+	}
 	a := new(args).out(tensors...)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.Reduce(ctx, m, list(sub, tensors), opts)
@@ -42,6 +58,10 @@ func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.
 
 // Allgather implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherOptions) (backend.Work, error) {
+	if b.hostNow(hostLists(outputs) && hostTensors(inputs)) {
+		defer b.issueMu.Unlock()
+		return b.inner.Allgather(ctx, m, outputs, inputs, opts)
+	}
 	a := new(args).in(inputs...).outLists(outputs)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.Allgather(ctx, m, lists(sub, outputs), list(sub, inputs), opts)
@@ -50,6 +70,10 @@ func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*te
 
 // AllgatherIntoTensor implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions) (backend.Work, error) {
+	if b.hostNow(hostTensor(output) && hostTensor(input)) {
+		defer b.issueMu.Unlock()
+		return b.inner.AllgatherIntoTensor(ctx, m, output, input, opts)
+	}
 	a := new(args).in(input).out(output)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.AllgatherIntoTensor(ctx, m, sub(output), sub(input), opts)
@@ -58,6 +82,10 @@ func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, outpu
 
 // AllgatherCoalesced implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions) (backend.Work, error) {
+	if b.hostNow(hostLists(outputs) && hostTensors(inputs)) {
+		defer b.issueMu.Unlock()
+		return b.inner.AllgatherCoalesced(ctx, m, outputs, inputs, opts)
+	}
 	a := new(args).in(inputs...).outLists(outputs)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.AllgatherCoalesced(ctx, m, lists(sub, outputs), list(sub, inputs), opts)
@@ -66,6 +94,10 @@ func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, output
 
 // AllgatherIntoTensorCoalesced implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions) (backend.Work, error) {
+	if b.hostNow(hostTensors(outputs) && hostTensors(inputs)) {
+		defer b.issueMu.Unlock()
+		return b.inner.AllgatherIntoTensorCoalesced(ctx, m, outputs, inputs, opts)
+	}
 	a := new(args).in(inputs...).out(outputs...)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.AllgatherIntoTensorCoalesced(ctx, m, list(sub, outputs), list(sub, inputs), opts)
@@ -74,6 +106,10 @@ func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Me
 
 // ReduceScatter implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ReduceScatterOptions) (backend.Work, error) {
+	if b.hostNow(hostTensors(outputs) && hostLists(inputs)) {
+		defer b.issueMu.Unlock()
+		return b.inner.ReduceScatter(ctx, m, outputs, inputs, opts)
+	}
 	a := new(args).inLists(inputs).out(outputs...)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.ReduceScatter(ctx, m, list(sub, outputs), lists(sub, inputs), opts)
@@ -82,6 +118,10 @@ func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*
 
 // ReduceScatterTensor implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) ReduceScatterTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.ReduceScatterTensorOptions) (backend.Work, error) {
+	if b.hostNow(hostTensor(output) && hostTensor(input)) {
+		defer b.issueMu.Unlock()
+		return b.inner.ReduceScatterTensor(ctx, m, output, input, opts)
+	}
 	a := new(args).in(input).out(output)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.ReduceScatterTensor(ctx, m, sub(output), sub(input), opts)
@@ -90,6 +130,10 @@ func (b *Backend) ReduceScatterTensor(ctx context.Context, m backend.Meta, outpu
 
 // ReduceScatterTensorCoalesced implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.ReduceScatterTensorCoalescedOptions) (backend.Work, error) {
+	if b.hostNow(hostTensors(outputs) && hostTensors(inputs)) {
+		defer b.issueMu.Unlock()
+		return b.inner.ReduceScatterTensorCoalesced(ctx, m, outputs, inputs, opts)
+	}
 	a := new(args).in(inputs...).out(outputs...)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.ReduceScatterTensorCoalesced(ctx, m, list(sub, outputs), list(sub, inputs), opts)
@@ -98,6 +142,10 @@ func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Me
 
 // Alltoall implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AlltoallOptions) (backend.Work, error) {
+	if b.hostNow(hostTensors(outputs) && hostTensors(inputs)) {
+		defer b.issueMu.Unlock()
+		return b.inner.Alltoall(ctx, m, outputs, inputs, opts)
+	}
 	a := new(args).in(inputs...).out(outputs...)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.Alltoall(ctx, m, list(sub, outputs), list(sub, inputs), opts)
@@ -106,6 +154,10 @@ func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tenso
 
 // AlltoallBase implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AlltoallBaseOptions) (backend.Work, error) {
+	if b.hostNow(hostTensor(output) && hostTensor(input)) {
+		defer b.issueMu.Unlock()
+		return b.inner.AlltoallBase(ctx, m, output, input, opts)
+	}
 	a := new(args).in(input).out(output)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.AlltoallBase(ctx, m, sub(output), sub(input), opts)
@@ -114,6 +166,10 @@ func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tens
 
 // Gather implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions) (backend.Work, error) {
+	if b.hostNow(hostLists(outputs) && hostTensors(inputs)) {
+		defer b.issueMu.Unlock()
+		return b.inner.Gather(ctx, m, outputs, inputs, opts)
+	}
 	a := new(args).in(inputs...).outLists(outputs)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.Gather(ctx, m, lists(sub, outputs), list(sub, inputs), opts)
@@ -122,6 +178,10 @@ func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tenso
 
 // Scatter implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions) (backend.Work, error) {
+	if b.hostNow(hostTensors(outputs) && hostLists(inputs)) {
+		defer b.issueMu.Unlock()
+		return b.inner.Scatter(ctx, m, outputs, inputs, opts)
+	}
 	a := new(args).inLists(inputs).out(outputs...)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.Scatter(ctx, m, list(sub, outputs), lists(sub, inputs), opts)
@@ -130,6 +190,10 @@ func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor
 
 // Send implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, dst int, opts backend.SendOptions) (backend.Work, error) {
+	if b.hostNow(hostTensors(tensors)) {
+		defer b.issueMu.Unlock()
+		return b.inner.Send(ctx, m, tensors, dst, opts)
+	}
 	a := new(args).in(tensors...)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.Send(ctx, m, list(sub, tensors), dst, opts)
@@ -138,6 +202,10 @@ func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Te
 
 // Recv implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Recv(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, src int, opts backend.RecvOptions) (backend.Work, error) {
+	if b.hostNow(hostTensors(tensors)) {
+		defer b.issueMu.Unlock()
+		return b.inner.Recv(ctx, m, tensors, src, opts)
+	}
 	a := new(args).out(tensors...)
 	return b.do(ctx, m, a.ts, a.back, func(ctx context.Context, m backend.Meta, sub subFunc) (backend.Work, error) {
 		return b.inner.Recv(ctx, m, list(sub, tensors), src, opts)
