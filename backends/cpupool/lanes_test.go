@@ -229,6 +229,13 @@ func TestLaneAllreduceChunked(t *testing.T) {
 	}
 }
 
+// TestLaneChunkedPeerDeath: a rank that dies while its peers wait in a
+// lane allreduce that goes in chunks is named by them with ErrRemote,
+// promptly.
+func TestLaneChunkedPeerDeath(t *testing.T) {
+	expectPeerDeathRemote(t, &cpupool.Options{Transport: "shm", LaneBytes: 8 << 20}, 1<<20)
+}
+
 // TestDirectAllreduce runs allreduces larger than the lanes, which ranks
 // that may read each other's memory (these, of one process) run by direct
 // reads (coll.AllreduceDirect): worlds 2, 3 and 4, element sizes 1, 2, 4

@@ -297,10 +297,18 @@ func (r *Ring) Buffered() int { return int(r.tail.Load() - r.head.Load()) }
 // aligned offset of the ring, so that a reader may use the bytes in place
 // (NextUnits).
 func (r *Ring) Write(ctx context.Context, a, b []byte, pad int) error {
+	return r.WriteCheck(ctx, a, b, pad, nil)
+}
+
+// WriteCheck is Write that calls check, when not nil, while it sleeps
+// waiting for space; check's error ends the wait. A lane writer needs it:
+// its reader may be a peer that has not reached the op, while a third
+// rank dies.
+func (r *Ring) WriteCheck(ctx context.Context, a, b []byte, pad int, check func() error) error {
 	if n := uint64(len(a) + len(b) + pad); n <= r.size {
 		t := r.tail.Load()
 		if r.size-(t-r.head.Load()) < n {
-			if err := r.waitSpace(ctx, n); err != nil {
+			if err := r.waitSpace(ctx, n, check); err != nil {
 				return err
 			}
 		}
@@ -318,7 +326,7 @@ func (r *Ring) Write(ctx context.Context, a, b []byte, pad int) error {
 			t := r.tail.Load()
 			free := r.size - (t - r.head.Load())
 			if free == 0 {
-				if err := r.waitSpace(ctx, min(left, r.size/4)); err != nil {
+				if err := r.waitSpace(ctx, min(left, r.size/4), check); err != nil {
 					return err
 				}
 				continue
@@ -438,8 +446,8 @@ func (r *Ring) Peek(p []byte) bool {
 	return true
 }
 
-// waitSpace waits until n bytes are free.
-func (r *Ring) waitSpace(ctx context.Context, n uint64) error {
+// waitSpace waits until n bytes are free; see WriteCheck for check.
+func (r *Ring) waitSpace(ctx context.Context, n uint64, check func() error) error {
 	for i := 0; ; i++ {
 		if r.size-(r.tail.Load()-r.head.Load()) >= n {
 			return nil
@@ -456,6 +464,11 @@ func (r *Ring) waitSpace(ctx context.Context, n uint64) error {
 		}
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("shm: waiting for ring space: %w", err)
+		}
+		if check != nil {
+			if err := check(); err != nil {
+				return err
+			}
 		}
 		r.prodWait.Store(1)
 		seq := r.spaceSeq.Load()

@@ -95,7 +95,9 @@ func (m *Mesh) LaneSend(ctx context.Context, peer int, tag uint64, fp Fingerprin
 	binary.LittleEndian.PutUint64(h[16:], fp.Count)
 	h[24], h[25], h[26], h[27] = fp.Op, fp.DType, fp.ReduceOp, laneMagic
 	binary.LittleEndian.PutUint32(h[28:], uint32(m.rank))
-	if err := p.lane.Out.Write(ctx, h, buf, framePad(len(buf))); err != nil {
+	// A write waits only while the peer has not read this rank's earlier
+	// messages; the check ends it if the op fails meanwhile elsewhere.
+	if err := p.lane.Out.WriteCheck(ctx, h, buf, framePad(len(buf)), func() error { return m.TagError(peer, tag, len(buf)) }); err != nil {
 		return m.laneErr(p, err)
 	}
 	return nil
