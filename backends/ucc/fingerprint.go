@@ -168,8 +168,8 @@ func (b *Backend) fpReleaseLocked(w *work) bool {
 }
 
 // fpStartLocked initialises and posts w's collectives (gu_coll_start), as
-// submit does without the check, progressing a small op once inline when
-// w is being issued (fpGate.issuing); a failure fails the work.
+// submit does without the check (at one rank progressing a small op once
+// inline when w is being issued, fpGate.issuing); a failure fails the work.
 func (b *Backend) fpStartLocked(w *work) {
 	w.fpw.held = false
 	w.live = 0
@@ -177,7 +177,12 @@ func (b *Backend) fpStartLocked(w *work) {
 		return
 	}
 	var pctx C.uintptr_t
-	if w == b.fp.issuing && len(w.deps) == 0 && w.plan.inline() {
+	// Only at one rank: with peers, an op that starts at its issue is the
+	// last rank's, whose fingerprint they see only now, so none of them
+	// can have posted it, and the inline progress round and test (a few
+	// hundred ns of the pacing rank's issue at 8 B) never found it done;
+	// its Wait progresses it. Alone, UCC finishes it in its post.
+	if w == b.fp.issuing && len(w.deps) == 0 && w.plan.inline() && b.fp.size == 1 {
 		pctx = b.ctx
 	}
 	b.fpStartedLocked(w, C.gu_coll_start(b.team, &w.descs[0], C.int(len(w.descs)), &w.reqs[0], &w.at, &w.post, pctx, &w.cerr))
