@@ -157,12 +157,12 @@ type Backend struct {
 	stopped     error // set by Close (ErrClosed) or Abort
 	senders     []*sender
 
-	// The lane ops' turns (lanes.go): tickets are taken under laneMu with
+	// The lane ops' turns (lanes.go): tickets are taken under mu with
 	// the tag; laneDone is the ticket whose turn it is; laneSkip holds
 	// tickets that gave up waiting for it; laneWake, when not nil, is
 	// closed at the next turn, waking the parked waiters.
 	laneMu     sync.Mutex
-	laneIssued uint64
+	laneIssued uint64 // guarded by mu
 	laneDone   atomic.Uint64
 	laneSkip   map[uint64]bool
 	laneWake   chan struct{}
@@ -425,6 +425,11 @@ func (b *Backend) runJob(j *job) {
 func (b *Backend) usable(op backend.Op, seq uint64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.usableLocked(op, seq)
+}
+
+// usableLocked is usable with b.mu held.
+func (b *Backend) usableLocked(op backend.Op, seq uint64) error {
 	if b.stopped != nil {
 		return &backend.OpError{Op: op.String(), Seq: seq, Rank: b.cfg.Rank, Backend: Name, Kind: kindOf(b.stopped), Err: b.stopped}
 	}
@@ -473,6 +478,11 @@ func (j *job) cancel() { j.jc.cancel() }
 func (b *Backend) track(w backend.Work) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.trackLocked(w)
+}
+
+// trackLocked is track with b.mu held.
+func (b *Backend) trackLocked(w backend.Work) {
 	if len(b.outstanding) >= b.sweepAt {
 		b.sweepLocked()
 	}

@@ -26,9 +26,13 @@ type jobCtx struct {
 	deadline time.Time       // zero: none
 	state    atomic.Int32    // live, or how it ended: ctxCanceled, ctxExpired
 
-	mu    sync.Mutex
-	done  chan struct{} // made by the first Done
-	timer *time.Timer   // closes done at the deadline, once done exists
+	// made is set (under mu) once done exists: until then, ending the
+	// context takes no lock (a small op's cancel at completion).
+	made   atomic.Bool
+	mu     sync.Mutex
+	done   chan struct{} // made by the first Done
+	closed bool          // done is closed
+	timer  *time.Timer   // closes done at the deadline, once done exists
 }
 
 // The states of a jobCtx that ended.
@@ -84,9 +88,13 @@ func (c *jobCtx) Done() <-chan struct{} {
 	defer c.mu.Unlock()
 	if c.done == nil {
 		c.done = make(chan struct{})
+		// Published before state is looked at, as end sets state
+		// before it looks at made: one of the two sees the other.
+		c.made.Store(true)
 		switch {
 		case c.state.Load() != 0:
 			close(c.done)
+			c.closed = true
 		case !c.deadline.IsZero():
 			c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.end(ctxExpired) })
 		}
@@ -99,18 +107,19 @@ func (c *jobCtx) Done() <-chan struct{} {
 func (c *jobCtx) cancel() { c.end(ctxCanceled) }
 
 // end records the first way the context ended and closes done if it
-// exists.
+// exists, and stops its timer.
 func (c *jobCtx) end(state int32) {
-	if c.state.Load() != 0 {
+	if c.state.Load() != 0 || !c.state.CompareAndSwap(0, state) {
 		return
+	}
+	if !c.made.Load() {
+		return // no channel yet: Done will see the state and close it
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.state.CompareAndSwap(0, state) {
-		return
-	}
-	if c.done != nil {
+	if !c.closed {
 		close(c.done)
+		c.closed = true
 	}
 	if c.timer != nil {
 		c.timer.Stop()

@@ -76,3 +76,26 @@ func TestJobCtx(t *testing.T) {
 		t.Fatalf("Err %v, want Canceled", e.Err())
 	}
 }
+
+// TestJobCtxRace races the first Done with cancel and with the deadline
+// (run it with -race): cancel takes no lock while no Done exists, so the
+// two must still agree that the channel gets closed, once.
+func TestJobCtxRace(t *testing.T) {
+	for i := range 2000 {
+		var c jobCtx
+		c.init(context.Background(), time.Duration(i%3)*time.Microsecond)
+		start := make(chan struct{})
+		got := make(chan (<-chan struct{}), 1)
+		go func() { <-start; got <- c.Done() }()
+		close(start)
+		c.cancel()
+		select {
+		case <-<-got:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: Done made around cancel never closed", i)
+		}
+		if c.Err() == nil {
+			t.Fatalf("round %d: no error after cancel", i)
+		}
+	}
+}

@@ -202,19 +202,24 @@ func (b *Backend) allreduceDirect(ctx context.Context, m backend.Meta, fp tcpmes
 // the tag, and runJob runs it in its turn (runLane). With run nil, it is
 // a lane allreduce of bufs with k (runAllreduceLanes).
 func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.Meta, fp tcpmesh.Fingerprint, outputs []*tensor.Tensor, run func(ctx context.Context, lo *laneOp) error, bufs [][]byte, k reduce.Kernel) (backend.Work, error) {
-	if err := b.usable(op, m.Seq); err != nil {
-		return nil, err
-	}
 	j := b.newJob(ctx, op, m, outputs, nil)
 	// Copied: the caller's bufs may be its stack (Allreduce's local).
 	j.lane, j.fp, j.laneRun, j.k = true, fp, run, k
 	j.bufs = append(j.buf1[:0], bufs...)
-	b.laneMu.Lock()
+	// One hold of mu checks the backend, takes the tag and the ticket
+	// together (so that lane ops' turns follow their tags) and tracks
+	// the work: a small op's issue takes each lock it needs once.
+	b.mu.Lock()
+	if err := b.usableLocked(op, m.Seq); err != nil {
+		b.mu.Unlock()
+		j.cancel()
+		return nil, err
+	}
 	j.tag = b.issued.Add(1)
 	j.ticket = b.laneIssued
 	b.laneIssued++
-	b.laneMu.Unlock()
-	b.track(j.w)
+	b.trackLocked(j.w)
+	b.mu.Unlock()
 	if !b.q.push(j) {
 		j.cancel()
 		return nil, b.usable(op, m.Seq)

@@ -107,6 +107,11 @@ type Ring struct {
 	spaceSeq *atomic.Uint32
 	prodWait *atomic.Uint32
 
+	// Stamped frames (stamp.go): key makes a frame's stamp, and
+	// headCache is the producer's last look at head.
+	key       uint64
+	headCache uint64
+
 	closed atomic.Bool
 	dead   atomic.Bool
 	// Spin is how many times a wait yields (runtime.Gosched) before it
@@ -148,11 +153,11 @@ func Create(prefix string, ringBytes int) (*Pair, string, error) {
 	if ringBytes <= 0 || ringBytes&(ringBytes-1) != 0 {
 		return nil, "", fmt.Errorf("shm: ring size %d is not a power of two", ringBytes)
 	}
-	var rnd [8]byte
+	var rnd [16]byte // the name's suffix, then the stamps' key
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return nil, "", fmt.Errorf("shm: random name: %w", err)
 	}
-	path := filepath.Join(Dir, prefix+hex.EncodeToString(rnd[:]))
+	path := filepath.Join(Dir, prefix+hex.EncodeToString(rnd[:8]))
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, "", fmt.Errorf("shm: create: %w", err)
@@ -171,6 +176,8 @@ func Create(prefix string, ringBytes int) (*Pair, string, error) {
 		return nil, "", fmt.Errorf("shm: mmap: %w", err)
 	}
 	binary.LittleEndian.PutUint64(mem[8:], uint64(ringBytes))
+	// The stamps' key (stamp.go).
+	copy(mem[offKey:offKey+8], rnd[8:])
 	atomic.StoreUint64((*uint64)(unsafe.Pointer(&mem[0])), magic) // last: Open checks it
 	return newPair(mem, ringBytes, 0), path, nil
 }
@@ -225,6 +232,7 @@ func newPair(mem []byte, ringBytes, side int) *Pair {
 			spaceSeq: (*atomic.Uint32)(unsafe.Pointer(&c[offSpaceSeq])),
 			prodWait: (*atomic.Uint32)(unsafe.Pointer(&c[offProdWait])),
 			Spin:     64,
+			key:      binary.LittleEndian.Uint64(mem[offKey:]) + uint64(i)<<1,
 		}
 	}
 	return &Pair{mem: mem, Out: r[side], In: r[1-side]}

@@ -23,16 +23,20 @@ import (
 // the header still says which op it belongs to (tag, and what the op is),
 // so a rank that disagrees is caught rather than misread.
 //
-// A lane message is one frame: a 32-byte header (tag, payload length,
-// element count, op, dtype, reduce op, source rank) and the payload,
-// padded to 8 bytes, published at once (messages are at most half the
-// ring, so a write waits only for the previous op's message to be read).
-// Messages of an earlier tag are stragglers of an op that failed on this
-// rank and are skipped; a later tag means the peer has moved past the op.
+// A lane message is one stamped frame (shm.WriteStamped): a 40-byte
+// header (the stamp, tag, payload length, element count, op, dtype,
+// reduce op, source rank) and the payload, padded to shm.StampAlign (64)
+// bytes, published at once (messages are at most half the ring, so a
+// write waits only for the previous op's message to be read). The reader
+// polls the frame's stamp, not the ring's tail, and the writer looks at
+// the reader's head only when its cached free space runs out, so an 8 B
+// message moves one cache line each way. Messages of an earlier tag are
+// stragglers of an op that failed on this rank and are skipped; a later
+// tag means the peer has moved past the op.
 
 const (
-	laneHdr   = 32
-	laneMagic = 0x4c // 'L', in byte 27 of the header
+	laneHdr   = 40
+	laneMagic = 0x4c // 'L', in byte 35 of the header
 	// LaneRingBytes is the capacity of each direction of a lane.
 	LaneRingBytes = 1 << 20
 	// laneSlice bounds a parked lane wait, so that the caller's check (a
@@ -43,8 +47,21 @@ const (
 	laneYield = 100 * time.Microsecond
 )
 
+// The lane header's fields (after the stamp, bytes 0-7).
+const (
+	lhTag   = 8
+	lhLen   = 16
+	lhCount = 24
+	lhOp    = 32 // op, dtype, reduce op, magic
+	lhRank  = 36
+)
+
 // LaneMax is the largest payload a lane message may carry.
-const LaneMax = LaneRingBytes/2 - laneHdr - 8
+const LaneMax = LaneRingBytes/2 - laneHdr - shm.StampAlign
+
+// lanePad is the padding after a lane payload of n bytes: frames are
+// multiples of shm.StampAlign, so each starts a cache line.
+func lanePad(n int) int { return -(laneHdr + n) & (shm.StampAlign - 1) }
 
 // offerLane sets the lane up with a peer whose rings are mapped already,
 // over the same connection and in the same way (the lower rank creates
@@ -90,14 +107,14 @@ func (m *Mesh) LaneSend(ctx context.Context, peer int, tag uint64, fp Fingerprin
 		return m.errOr(ErrClosed)
 	}
 	h := p.lhdr[:]
-	binary.LittleEndian.PutUint64(h[0:], tag)
-	binary.LittleEndian.PutUint64(h[8:], uint64(len(buf)))
-	binary.LittleEndian.PutUint64(h[16:], fp.Count)
-	h[24], h[25], h[26], h[27] = fp.Op, fp.DType, fp.ReduceOp, laneMagic
-	binary.LittleEndian.PutUint32(h[28:], uint32(m.rank))
+	binary.LittleEndian.PutUint64(h[lhTag:], tag)
+	binary.LittleEndian.PutUint64(h[lhLen:], uint64(len(buf)))
+	binary.LittleEndian.PutUint64(h[lhCount:], fp.Count)
+	h[lhOp], h[lhOp+1], h[lhOp+2], h[lhOp+3] = fp.Op, fp.DType, fp.ReduceOp, laneMagic
+	binary.LittleEndian.PutUint32(h[lhRank:], uint32(m.rank))
 	// A write waits only while the peer has not read this rank's earlier
 	// messages; the check ends it if the op fails meanwhile elsewhere.
-	if err := p.lane.Out.WriteCheck(ctx, h, buf, framePad(len(buf)), func() error { return m.TagError(peer, tag, len(buf)) }); err != nil {
+	if err := p.lane.Out.WriteStamped(ctx, h, buf, lanePad(len(buf)), func() error { return m.TagError(peer, tag, len(buf)) }); err != nil {
 		return m.laneErr(p, err)
 	}
 	return nil
@@ -107,9 +124,13 @@ func (m *Mesh) LaneSend(ctx context.Context, peer int, tag uint64, fp Fingerprin
 // checks that the peer describes the op as fp does and sent n bytes, then hands
 // the payload to fn in runs of whole units of unit bytes (off is the run's
 // offset in the payload), straight from shared memory, and releases it.
-// check, when not nil, is called while the receive is parked; its error
-// ends the wait (a peer gave the op up, say).
+// unit must divide 8 (an element's size). check, when not nil, is called
+// while the receive is parked; its error ends the wait (a peer gave the
+// op up, say).
 func (m *Mesh) LaneRecv(ctx context.Context, peer int, tag uint64, fp Fingerprint, n, unit int, fn func(off int, src []byte), check func() error) error {
+	if unit <= 0 || 8%unit != 0 {
+		return fmt.Errorf("tcpmesh: lane receive in units of %d bytes (want 1, 2, 4 or 8)", unit)
+	}
 	p := m.peers[peer]
 	p.laneMu.RLock()
 	defer p.laneMu.RUnlock()
@@ -119,28 +140,26 @@ func (m *Mesh) LaneRecv(ctx context.Context, peer int, tag uint64, fp Fingerprin
 	in := p.lane.In
 	h := p.lrhdr[:]
 	for {
-		if err := in.Await(ctx, laneHdr, m.cfg.PollSpin, laneSlice, check); err != nil {
+		// A frame is published whole: once its stamp is there, so is
+		// the rest.
+		if err := in.AwaitStamped(ctx, m.cfg.PollSpin, laneSlice, check); err != nil {
 			return m.laneErr(p, err)
 		}
-		in.Peek(h)
-		if h[27] != laneMagic || int(binary.LittleEndian.Uint32(h[28:])) != peer {
+		a, b := in.FrameAt(0, laneHdr)
+		copy(h[copy(h, a):], b)
+		if h[lhOp+3] != laneMagic || int(binary.LittleEndian.Uint32(h[lhRank:])) != peer {
 			err := &PeerError{Rank: peer, Err: errors.New("corrupt lane frame")}
 			m.fail(err)
 			return err
 		}
-		got := binary.LittleEndian.Uint64(h[0:])
-		ln := int(binary.LittleEndian.Uint64(h[8:]))
-		theirs := Fingerprint{Op: h[24], DType: h[25], ReduceOp: h[26], Count: binary.LittleEndian.Uint64(h[16:])}
-		whole := laneHdr + ln + framePad(ln)
+		got := binary.LittleEndian.Uint64(h[lhTag:])
+		ln := int(binary.LittleEndian.Uint64(h[lhLen:]))
+		theirs := Fingerprint{Op: h[lhOp], DType: h[lhOp+1], ReduceOp: h[lhOp+2], Count: binary.LittleEndian.Uint64(h[lhCount:])}
+		whole := laneHdr + ln + lanePad(ln)
 		if got > tag {
 			// The peer is past this op (it gave it up, or never ran it
 			// here): leave its message to the op it belongs to.
 			return &RemoteOpError{Rank: peer, Tag: tag, Reason: fmt.Sprintf("rank %d moved on to a later op (tag %d) without sending this one's message", peer, got)}
-		}
-		// A message is published whole: once its header is there, so is
-		// the rest.
-		if err := in.Await(ctx, whole, m.cfg.PollSpin, laneSlice, check); err != nil {
-			return m.laneErr(p, err)
 		}
 		if got < tag {
 			in.Consume(whole) // a straggler of an op that failed here
@@ -158,17 +177,16 @@ func (m *Mesh) LaneRecv(ctx context.Context, peer int, tag uint64, fp Fingerprin
 			m.refuseTag(tag, err)
 			return err
 		}
-		in.Consume(laneHdr)
-		for off := 0; off < n; {
-			src, err := in.NextUnits(n-off, unit)
-			if err != nil {
-				return m.laneErr(p, err)
+		// The payload lies in at most two runs (the second one after the
+		// ring's end), each a whole number of units: frames and payloads
+		// sit at 8-byte boundaries of the ring, and no unit is larger.
+		if a, b := in.FrameAt(laneHdr, n); n > 0 {
+			fn(0, a)
+			if len(b) > 0 {
+				fn(len(a), b)
 			}
-			fn(off, src)
-			in.Consume(len(src))
-			off += len(src)
 		}
-		in.Consume(framePad(n))
+		in.Consume(whole)
 		return nil
 	}
 }
@@ -240,9 +258,9 @@ func (m *Mesh) laneConflict(peer int, tag uint64, fp Fingerprint) error {
 		return nil
 	}
 	var h [laneHdr]byte
-	if !p.lane.In.PeekStable(h[:]) || h[27] != laneMagic || binary.LittleEndian.Uint64(h[0:]) != tag {
+	if !p.lane.In.PeekStable(h[:]) || h[lhOp+3] != laneMagic || binary.LittleEndian.Uint64(h[lhTag:]) != tag {
 		return nil
 	}
-	theirs := Fingerprint{Op: h[24], DType: h[25], ReduceOp: h[26], Count: binary.LittleEndian.Uint64(h[16:])}
+	theirs := Fingerprint{Op: h[lhOp], DType: h[lhOp+1], ReduceOp: h[lhOp+2], Count: binary.LittleEndian.Uint64(h[lhCount:])}
 	return &MismatchError{Rank: peer, Tag: tag, Theirs: theirs, Ours: fp}
 }
