@@ -146,10 +146,14 @@ type Backend struct {
 	comm *coll.Comm
 	pool coll.Pool
 
-	spin   time.Duration // the mesh's PollSpin in effect
-	issued atomic.Uint64 // collectives issued; the next one's tag is issued+1
-	q      queue
-	wg     sync.WaitGroup
+	spin time.Duration // the mesh's PollSpin in effect
+	flat bool          // small lane allreduces take one exchange (lanes.go, flatFor)
+	// scratch is the flat lane allreduce's copy of this rank's
+	// contribution; lane ops run one at a time, so one is enough.
+	scratch []byte
+	issued  atomic.Uint64 // collectives issued; the next one's tag is issued+1
+	q       queue
+	wg      sync.WaitGroup
 
 	mu          sync.Mutex
 	outstanding []backend.Work
@@ -218,6 +222,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	}
 	b.mesh = mesh
 	b.spin = mesh.PollSpin()
+	b.flat = mesh.Oversubscribed()
 	b.comm = &coll.Comm{T: mesh, Pool: &b.pool, Segment: opts.SegmentBytes, Window: opts.Window, Small: opts.SmallBytes}
 	for range opts.Threads {
 		b.wg.Add(1)

@@ -167,10 +167,34 @@ func (b *Backend) allreduceLanes(ctx context.Context, m backend.Meta, fp tcpmesh
 	return b.collectiveLane(ctx, backend.OpAllreduce, m, fp, tensors, nil, bufs, k)
 }
 
+// Flat lane allreduces (coll.AllreduceLanesFlat): one exchange with every
+// peer rather than recursive doubling's log2(n) steps, for buffers of up
+// to flatBytes in worlds of up to flatRanks, when more ranks than cores
+// share the host (Backend.flat; every rank of the host sees the same).
+// 4 ranks on 2 cores at 8 B: docs/perf.md, issue 17.
+const (
+	flatBytes = 1 << 10
+	flatRanks = 8
+)
+
+// flatFor reports whether a lane allreduce of n bytes takes one exchange.
+func (b *Backend) flatFor(n int) bool {
+	return b.flat && n <= flatBytes && b.cfg.WorldSize <= flatRanks
+}
+
 // runAllreduceLanes is the run of a lane allreduce of bufs with k.
 func (b *Backend) runAllreduceLanes(ctx context.Context, lo *laneOp, bufs [][]byte, k reduce.Kernel) error {
 	buf := combineLocal(k, bufs, 0)
-	if err := coll.AllreduceLanes(ctx, lo, buf, k); err != nil {
+	var err error
+	if b.flatFor(len(buf)) {
+		if len(b.scratch) < len(buf) {
+			b.scratch = make([]byte, flatBytes)
+		}
+		err = coll.AllreduceLanesFlat(ctx, lo, buf, k, b.scratch)
+	} else {
+		err = coll.AllreduceLanes(ctx, lo, buf, k)
+	}
+	if err != nil {
 		return err
 	}
 	b.post(k, buf, b.cfg.WorldSize*len(bufs))

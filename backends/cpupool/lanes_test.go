@@ -18,7 +18,7 @@ import (
 
 // TestLaneAllreduce runs the lane fast path (every peer in shared memory,
 // buffers up to SmallBytes) at world sizes 2, 3 (the fold of recursive
-// doubling) and 4, for every dtype and every reduce op the dtype takes,
+// doubling) and 4, and the flat exchange at 3 and 4, for every dtype and every reduce op the dtype takes,
 // with odd lengths so that frames pad; values are small integers, so
 // every order of combining gives the exact answer, which is computed here
 // independently of the kernels. It also checks that several tensors in
@@ -27,8 +27,15 @@ import (
 func TestLaneAllreduce(t *testing.T) {
 	ctx := context.Background()
 	ops := []reduceop.ReduceOp{backend.SUM, backend.PRODUCT, backend.MIN, backend.MAX, backend.AVG, backend.BAND, backend.BOR, backend.BXOR}
-	for _, n := range []int{2, 3, 4} {
+	for _, c := range []struct {
+		n    int
+		flat bool // coll.AllreduceLanesFlat, as with more ranks than cores
+	}{{2, false}, {3, false}, {4, false}, {3, true}, {4, true}} {
+		n := c.n
 		bs := group(t, n, &cpupool.Options{Transport: "shm"})
+		for _, b := range bs {
+			cpupool.SetFlatLanes(b, c.flat)
+		}
 		for _, dt := range tensor.DTypes() {
 			for _, op := range ops {
 				if op.ValidFor(dt) != nil || (dt == tensor.Bool && op.Type == reduceop.Avg) {

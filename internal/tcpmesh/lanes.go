@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/gocoll/gocoll/internal/shm"
@@ -88,6 +89,11 @@ func (m *Mesh) offerLane(ctx context.Context, p *peer) error {
 	p.lane = pair
 	return m.probeDirect(p)
 }
+
+// Oversubscribed reports whether more ranks share this host (this one
+// and its shared-memory peers) than it has CPUs: waits then give the
+// core away rather than spin.
+func (m *Mesh) Oversubscribed() bool { return 1+m.shmPeers > runtime.NumCPU() }
 
 // Lanes reports whether every peer has a lane, so that the backend may run
 // collectives over them (LaneSend, LaneRecv).

@@ -1,0 +1,7 @@
+package cpupool
+
+import "github.com/gocoll/gocoll/backend"
+
+// SetFlatLanes turns the flat lane allreduce (flatFor) on or off for b,
+// whatever the host's cores: the tests run both algorithms everywhere.
+func SetFlatLanes(b backend.Backend, on bool) { b.(*Backend).flat = on }
