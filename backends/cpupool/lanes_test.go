@@ -190,7 +190,7 @@ func TestIdleGroupCPU(t *testing.T) {
 }
 
 // TestLaneAllreduceChunked runs lane allreduces larger than a lane message
-// (coll.LaneChunk), which recursive doubling exchanges in chunks: worlds
+// (beyond twice coll.LaneChunk), which recursive doubling exchanges in chunks: worlds
 // 2, 3 (the fold) and 4, with LaneBytes raised so that all take the lanes,
 // element sizes 1 to 8 with odd counts (a last chunk of a few elements),
 // and 4 float32 ops in a row (2.3 MiB), so that chunks wrap around the lanes.
@@ -204,7 +204,7 @@ func TestLaneAllreduceChunked(t *testing.T) {
 		for _, c := range []struct {
 			dt    tensor.DType
 			elems int
-		}{{tensor.Int8, 270001}, {tensor.Float16, 140001}, {tensor.Float32, 150001}, {tensor.Float64, 75001}} {
+		}{{tensor.Int8, 530001}, {tensor.Float16, 270001}, {tensor.Float32, 150001}, {tensor.Float64, 75001}} {
 			for _, op := range []reduceop.ReduceOp{backend.SUM, backend.MAX} {
 				if op.Type == reduceop.Max && c.dt != tensor.Float32 {
 					continue // the kernels are the lanes' either way: time under -race

@@ -19,3 +19,23 @@ func TestDirectStep(t *testing.T) {
 		}
 	}
 }
+
+// TestLaneStep checks the chunking of lane allreduces: one message up to
+// laneWhole, else even chunks of whole elements, none over LaneChunk by
+// an element or more, that cover the buffer.
+func TestLaneStep(t *testing.T) {
+	for _, elem := range []int{1, 2, 4, 8} {
+		for _, n := range []int{1, 8, 256 << 10, laneWhole, laneWhole + 8, 1 << 20, 2<<20 + 24, 64 << 20} {
+			if n -= n % elem; n == 0 {
+				continue // AllreduceLanes sends nothing
+			}
+			step := laneStep(n, elem)
+			switch {
+			case n <= laneWhole && step != n:
+				t.Errorf("laneStep(%d, %d) = %d, want one message", n, elem, step)
+			case n > laneWhole && (step%elem != 0 || step >= LaneChunk+elem || step*((n+step-1)/step) < n):
+				t.Errorf("laneStep(%d, %d) = %d: not whole elements, over %d, or short", n, elem, step, LaneChunk)
+			}
+		}
+	}
+}

@@ -68,19 +68,33 @@ func AllreduceLanes(ctx context.Context, t Lanes, buf []byte, k reduce.Kernel) e
 	return nil
 }
 
-// LaneChunk is the largest message AllreduceLanes sends: a larger buffer
-// goes in chunks, so that an allreduce may exceed what a lane holds, and
-// the peer reduces one chunk while this rank copies in the next. Four
-// chunks (and their headers) must fit in a lane: exchangeChunks keeps at
-// most four of a rank's chunks unread.
+// LaneChunk bounds the messages of a large lane allreduce: a buffer
+// beyond laneWhole goes in even chunks of at most LaneChunk (and less
+// than an element more), so that an allreduce may exceed what a lane
+// holds, and the peer reduces one chunk while this rank copies in the
+// next. Four chunks (and their headers) must fit in a lane:
+// exchangeChunks keeps at most four of a rank's chunks unread.
 const LaneChunk = 256<<10 - 256
 
-// laneStep is the chunk length for elements of elem bytes.
-func laneStep(elem int) int { return LaneChunk - LaneChunk%elem }
+// laneWhole is the largest buffer sent as one message, as before chunks:
+// one message (at most half a lane) is one wake-up of the peer, which
+// matters when ranks share cores.
+const laneWhole = 2 * LaneChunk
+
+// laneStep is the chunk length for a buffer of n bytes of elements of
+// elem bytes: a function of n alone, so that both sides cut alike.
+func laneStep(n, elem int) int {
+	if n <= laneWhole {
+		return max(n, 1)
+	}
+	k := (n + LaneChunk - 1) / LaneChunk
+	step := (n + k - 1) / k
+	return step + (elem-step%elem)%elem
+}
 
 // sendChunks sends buf to peer in chunks.
 func sendChunks(ctx context.Context, t Lanes, peer int, buf []byte, elem int) error {
-	step := laneStep(elem)
+	step := laneStep(len(buf), elem)
 	for off := 0; off < len(buf); off += step {
 		if err := t.Send(ctx, peer, buf[off:min(off+step, len(buf))]); err != nil {
 			return err
@@ -91,7 +105,7 @@ func sendChunks(ctx context.Context, t Lanes, peer int, buf []byte, elem int) er
 
 // recvChunks receives sendChunks' chunks from peer into buf with fn.
 func recvChunks(ctx context.Context, t Lanes, peer int, buf []byte, elem int, fn func(dst, src []byte)) error {
-	step := laneStep(elem)
+	step := laneStep(len(buf), elem)
 	for off := 0; off < len(buf); off += step {
 		if err := t.RecvInto(ctx, peer, buf[off:min(off+step, len(buf))], elem, fn); err != nil {
 			return err
@@ -109,7 +123,7 @@ func recvChunks(ctx context.Context, t Lanes, peer int, buf []byte, elem int, fn
 // unread; the peer is never blocked sending at the same time, since that
 // would need this rank to have read chunks it has not.
 func exchangeChunks(ctx context.Context, t Lanes, peer int, buf []byte, elem int, fn func(dst, src []byte)) error {
-	step := laneStep(elem)
+	step := laneStep(len(buf), elem)
 	if err := t.Send(ctx, peer, buf[:min(step, len(buf))]); err != nil {
 		return err
 	}
