@@ -12,8 +12,9 @@
 #   scripts/bench-issue17.sh /tmp/bench17 /tmp/conftest-after /tmp/conftest-before 3
 #
 # Each run writes OUTDIR/<label>-np<N>-r<round>.json and .txt (the table,
-# with the load average before it). SIZES and NPROCS override the sizes
-# and world sizes.
+# with the load average before it). SIZES, NPROCS and TUNE override the
+# sizes, the world sizes and the bench-rank flags (default "--depth 1": a
+# blocking loop on one buffer, as Open MPI's MPI_Allreduce loop).
 set -euo pipefail
 out=${1:?OUTDIR}
 after=${2:?AFTER_BIN}
@@ -21,6 +22,7 @@ before=${3:-}
 rounds=${4:-3}
 sizes=${SIZES:-8,4K,64K,256K,1M,16M,64M}
 nprocs=${NPROCS:-2 4}
+tune=${TUNE---depth 1}
 mkdir -p "$out"
 for r in $(seq 1 "$rounds"); do
 	for np in $nprocs; do
@@ -33,9 +35,9 @@ for r in $(seq 1 "$rounds"); do
 			f="$out/$label-np$np-r$r"
 			flock /tmp/gocoll-bench.lock sh -c '
 				{ date -u +%FT%TZ; uptime; } > "$1.txt"
-				"$2" bench --backend cpupool --nproc "$3" --peers openmpi -n 0 --sizes "$4" \
+				"$2" bench --backend cpupool --nproc "$3" --peers openmpi -n 0 --sizes "$4" --tune "$7" \
 					--note "$5 round $6: $(uptime | sed "s/.*load/load/")" --json "$1.json" >> "$1.txt" 2>&1
-			' _ "$f" "$bin" "$np" "$sizes" "$label" "$r"
+			' _ "$f" "$bin" "$np" "$sizes" "$label" "$r" "$tune"
 			grep -E '^ +[0-9]+ +[0-9]+ +float' "$f.txt" | awk -v l="$label np$np r$r" '{printf "%-16s %10s B  ours %10s us  openmpi %10s us  x %s\n", l, $1, $10, $16, $17}'
 		done
 	done
