@@ -102,18 +102,19 @@ func (m *Mesh) agreeDirect(ctx context.Context) error {
 
 // Waits of a direct allreduce. Its peers are busy with the same op for
 // as long as the op takes (milliseconds), so a rank that arrives first at
-// a sync point waits for up to the ranks' imbalance: with a core of its
-// own it polls for directSpin before it parks (a parked wait's wake-up,
+// a sync point waits for up to the ranks' imbalance. It polls with
+// sched_yield for directYield before it parks: a parked wait's wake-up,
 // on a virtual machine whose idle CPU halts, took 100-400 µs per sync
-// point at 16 MiB, a third of the op), and with more ranks than cores it
-// gives the core away with sched_yield for directYield before it sleeps.
-const (
-	directSpin  = 2 * time.Millisecond
-	directYield = 2 * time.Millisecond
-)
+// point at 16 MiB, a third of the op; and a poll that yields gives the
+// core to whoever else may run on it, the peer it waits for above all
+// when ranks (or other programs) share a core: a plain spin there held
+// the core from that peer, and 4 MiB took 7 ms instead of 0.7 on a loaded
+// machine. On an idle core sched_yield returns at once, so the poll sees
+// the message within a microsecond.
+const directYield = 2 * time.Millisecond
 
 // LaneExpect waits until peer's next lane message is there, polling as a
-// large op should (directSpin, directYield); the LaneRecv that follows
+// large op should (directYield); the LaneRecv that follows
 // finds it at once. check, when not nil, is called while the wait is
 // parked, as LaneRecv's.
 func (m *Mesh) LaneExpect(ctx context.Context, peer int, check func() error) error {
@@ -123,11 +124,7 @@ func (m *Mesh) LaneExpect(ctx context.Context, peer int, check func() error) err
 	if p.laneGone {
 		return m.errOr(ErrClosed)
 	}
-	spin, yield := directSpin, time.Duration(0)
-	if m.oversub || m.cfg.PollSpin < 0 {
-		spin, yield = -1, directYield
-	}
-	if err := p.lane.In.AwaitYield(ctx, laneHdr, spin, yield, laneSlice, check); err != nil {
+	if err := p.lane.In.AwaitYield(ctx, laneHdr, -1, directYield, laneSlice, check); err != nil {
 		return m.laneErr(p, err)
 	}
 	return nil

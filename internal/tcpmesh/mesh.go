@@ -148,7 +148,6 @@ type Mesh struct {
 	fps        map[uint64]Fingerprint // the running ops' fingerprints, by tag (BeginOp)
 	shmPeers   int                    // peers reached through shared memory
 	lanes      bool                   // every peer has a lane (lanes.go)
-	oversub    bool                   // more ranks than cores on this host (direct.go's waits yield)
 	direct     bool                   // and may be read directly (direct.go)
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
@@ -280,7 +279,6 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 	}
 	local := 1 + m.shmPeers
 	oversubscribed := local > runtime.NumCPU()
-	m.oversub = oversubscribed
 	if m.cfg.PollSpin == 0 {
 		m.cfg.PollSpin = 50 * time.Microsecond
 		if oversubscribed {
