@@ -147,6 +147,7 @@ type Backend struct {
 	pool coll.Pool
 
 	spin time.Duration // the mesh's PollSpin in effect
+	jobs jobPool       // the jobs of completed lane allreduces (work.go)
 	flat bool          // small lane allreduces take one exchange (lanes.go, flatFor)
 	// scratch is the flat lane allreduce's copy of this rank's
 	// contribution; lane ops run one at a time, so one is enough.
@@ -368,8 +369,8 @@ type job struct {
 	ctx     context.Context // &jc
 	jc      jobCtx
 	timeout time.Duration
-	hw      backend.HostWork  // the op's HostWork: one allocation with the job
-	w       *backend.HostWork // &hw
+	h       *work             // the op's Work, which outlives the job (work.go)
+	w       *backend.HostWork // &h.HostWork
 	outputs []*tensor.Tensor
 	run     func(ctx context.Context, tag uint64) error
 	poll    tcpmesh.OpPoll
@@ -381,7 +382,6 @@ type job struct {
 	buf1    [1][]byte                                   // bufs' storage for one tensor
 	k       reduce.Kernel                               // and its reduction
 	lo      laneOp                                      // its view of the lanes
-	work    work                                        // the op's Work (a collective's): one allocation with the job
 	waited  atomic.Bool                                 // a goroutine waits for this lane op (help)
 }
 
@@ -392,8 +392,13 @@ func (b *Backend) worker() {
 		if j == nil {
 			return
 		}
+		// Read before the run: once it completes, the job may be back
+		// in the pool (work.go).
+		lane := j.lane
 		b.runJob(j)
-		b.runLanes(j)
+		if lane {
+			b.runLanes()
+		}
 	}
 }
 
@@ -424,7 +429,14 @@ func (b *Backend) runJob(j *job) {
 		}
 	}
 	j.cancel()
+	// A lane allreduce that succeeded, and whose context nobody derived
+	// from (no Done channel), leaves nothing behind that could still
+	// reach its job: it may go back to the pool once its Work's methods
+	// are out of it (work.release). Its Work keeps the op's outcome.
+	h := j.h
+	reuse := err == nil && j.lane && j.laneRun == nil && !j.jc.made.Load()
 	j.w.Complete(j.outputs, err)
+	h.release(reuse) // the run's reference: j is not touched after this
 }
 
 func (b *Backend) usable(op backend.Op, seq uint64) error {
@@ -457,20 +469,19 @@ func kindOf(err error) error {
 // dispatcher, means none.
 func (b *Backend) newJob(ctx context.Context, op backend.Op, m backend.Meta, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) *job {
 	to := m.Timeout
-	j := &job{op: op, seq: m.Seq, peer: -1, timeout: to, outputs: outputs, run: run}
+	j := b.jobs.get()
+	j.op, j.seq, j.peer, j.timeout, j.outputs, j.run = op, m.Seq, -1, to, outputs, run
 	j.jc.init(ctx, to)
 	j.ctx = &j.jc
-	// The job is its work's abort hook (OnAbort), and the work lives in
-	// it: the op's record is one allocation (docs/perf.md, issue 17).
-	j.hw.Init(m.Seq, true, j)
-	j.w = &j.hw
-	j.work = work{HostWork: j.w, b: b, j: j}
+	// The Work is the op's one allocation (docs/perf.md, issue 17): the
+	// job comes from the pool, and goes back to it once the op is done.
+	h := &work{b: b, j: j, op: op, timeout: to}
+	h.deadline, _ = j.jc.Deadline()
+	h.refs.Store(1) // the run's
+	h.Init(m.Seq, true, h)
+	j.h, j.w = h, &h.HostWork
 	return j
 }
-
-// OnAbort implements backend.AbortHook: an aborted work ends the job's
-// context, so that its waits give up.
-func (j *job) OnAbort(error) { j.cancel() }
 
 // cancel ends the job's context (its waits fail with Canceled), unless
 // it ended already.
@@ -532,49 +543,8 @@ func (b *Backend) collective(ctx context.Context, op backend.Op, m backend.Meta,
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	return &j.work, nil
+	return j.h, nil
 }
-
-// work is the Work of a collective. Its waits help: a job no worker has
-// picked up yet, and that is next in the queue, runs on the waiting
-// goroutine; otherwise the wait polls for completion for PollSpin before
-// it parks. Either saves goroutine wake-ups (caller to worker and back),
-// which dominate the latency of small ops on a busy machine. The op still
-// returns before it completes, and the queue's order (issue order) is
-// kept, since only its head is taken.
-type work struct {
-	*backend.HostWork
-	b *Backend
-	j *job
-}
-
-// Wait implements backend.Work.
-func (w *work) Wait(ctx context.Context) error {
-	w.b.help(w.j, func(*job) bool { return true })
-	return w.HostWork.Wait(ctx)
-}
-
-// WaitHost implements backend.Work. When ctx ends first, the error (a
-// *backend.WaitError) names the op and says that the caller's deadline
-// fired, and whether the op's own timeout had passed.
-func (w *work) WaitHost(ctx context.Context) error {
-	start := backend.Mono()
-	w.b.help(w.j, func(j *job) bool { return outlasts(ctx, j) })
-	err := w.HostWork.WaitHost(ctx)
-	var we *backend.WaitError
-	if errors.As(err, &we) && we.Op == "" {
-		we.Op, we.Rank, we.Backend, we.Timeout = w.j.op.String(), w.b.cfg.Rank, Name, w.j.timeout
-		we.Waited = backend.Mono() - start
-		if dl, ok := w.j.ctx.Deadline(); ok {
-			we.Elapsed = w.j.timeout - time.Until(dl)
-		}
-	}
-	return err
-}
-
-// BlockStream implements backend.Work: with no stream to order, it blocks
-// the host.
-func (w *work) BlockStream(backend.Stream) error { return w.Wait(context.Background()) }
 
 // outlasts reports whether a wait under ctx would last at least as long as
 // job j may run: only then may the waiting goroutine run j itself, since

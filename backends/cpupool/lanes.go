@@ -248,7 +248,7 @@ func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.M
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	return &j.work, nil
+	return j.h, nil
 }
 
 // runLane runs the lane op j in its turn, with its view of the lanes
@@ -270,13 +270,14 @@ func (b *Backend) runLane(ctx context.Context, j *job) error {
 // which the worker running that one takes next itself (runLanes).
 func (b *Backend) laneReady(j *job) bool { return !j.lane || b.laneDone.Load() == j.ticket }
 
-// runLanes runs, after the lane op j, the lane ops that follow it at the
+// runLanes runs, after a lane op, the lane ops that follow it at the
 // head of the queue on this worker: consecutive lane ops then cost no
 // hand-off between workers (a wake-up each, several microseconds on a
 // busy machine).
-func (b *Backend) runLanes(j *job) {
-	for j.lane {
-		if j = b.q.takeReady(); j == nil {
+func (b *Backend) runLanes() {
+	for {
+		j := b.q.takeReady() // lane ops only
+		if j == nil {
 			return
 		}
 		b.runJob(j)

@@ -656,7 +656,7 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	return &j.work, nil
+	return j.h, nil
 }
 
 // MonitoredBarrier implements backend.Backend with Gloo's scheme (rank 0

@@ -1,0 +1,137 @@
+package cpupool
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+)
+
+// work is the Work of a collective. Its waits help: a job no worker has
+// picked up yet, and that is next in the queue, runs on the waiting
+// goroutine; otherwise the wait polls for completion for PollSpin before
+// it parks. Either saves goroutine wake-ups (caller to worker and back),
+// which dominate the latency of small ops on a busy machine. The op still
+// returns before it completes, and the queue's order (issue order) is
+// kept, since only its head is taken.
+//
+// The Work and the job are separate, so that the job can be reused. The
+// Work holds what its methods answer once the op is done (the HostWork:
+// outcome, outputs, times) and lives as long as anyone holds it, as the
+// Work of a PyTorch op does; it is the op's one allocation, 176 bytes.
+// The job (the op's run: its context, lane view, buffers; 480 bytes)
+// goes back to the Backend's pool once nothing can reach it any more
+// (jobPool), rather than to the garbage collector: at 8 B, the collector
+// took about a fifth of an allreduce's own CPU time (docs/perf.md,
+// issue 17, fourth pass).
+//
+// refs counts what may still touch the job: the run (1 from issue to the
+// end of runJob) and each Work method inside help or Abort (acquire,
+// release). The last release returns the job to the pool if the run said
+// it may (a lane allreduce that succeeded and whose context nobody
+// derived from: nothing else holds the job); after that, acquire fails
+// and the methods answer from the HostWork alone, which is complete.
+type work struct {
+	backend.HostWork
+	b        *Backend
+	j        *job // valid while refs > 0
+	op       backend.Op
+	timeout  time.Duration
+	deadline time.Time // the job context's
+	refs     atomic.Int32
+	reuse    atomic.Bool // set by the run: the job may go back to the pool
+}
+
+// acquire takes a reference to the job, unless the op has completed (a
+// method has nothing to help with then) or the job is gone.
+func (w *work) acquire() bool {
+	for {
+		if w.IsCompleted() {
+			return false
+		}
+		r := w.refs.Load()
+		if r == 0 {
+			return false
+		}
+		if w.refs.CompareAndSwap(r, r+1) {
+			return true
+		}
+	}
+}
+
+// release drops a reference; the run's (from runJob) says whether the job
+// may be reused. The last one out puts the job back in the pool.
+func (w *work) release(reuse bool) {
+	if reuse {
+		w.reuse.Store(true)
+	}
+	if w.refs.Add(-1) == 0 && w.reuse.Load() {
+		j := w.j
+		w.j = nil
+		w.b.jobs.put(j)
+	}
+}
+
+// Wait implements backend.Work.
+func (w *work) Wait(ctx context.Context) error {
+	if w.acquire() {
+		w.b.help(w.j, func(*job) bool { return true })
+		w.release(false)
+	}
+	return w.HostWork.Wait(ctx)
+}
+
+// WaitHost implements backend.Work. When ctx ends first, the error (a
+// *backend.WaitError) names the op and says that the caller's deadline
+// fired, and whether the op's own timeout had passed.
+func (w *work) WaitHost(ctx context.Context) error {
+	start := backend.Mono()
+	if w.acquire() {
+		w.b.help(w.j, func(j *job) bool { return outlasts(ctx, j) })
+		w.release(false)
+	}
+	err := w.HostWork.WaitHost(ctx)
+	var we *backend.WaitError
+	if errors.As(err, &we) && we.Op == "" {
+		we.Op, we.Rank, we.Backend, we.Timeout = w.op.String(), w.b.cfg.Rank, Name, w.timeout
+		we.Waited = backend.Mono() - start
+		if !w.deadline.IsZero() {
+			we.Elapsed = w.timeout - time.Until(w.deadline)
+		}
+	}
+	return err
+}
+
+// BlockStream implements backend.Work: with no stream to order, it blocks
+// the host.
+func (w *work) BlockStream(backend.Stream) error { return w.Wait(context.Background()) }
+
+// OnAbort implements backend.AbortHook: an aborted work ends the job's
+// context, so that its waits give up.
+func (w *work) OnAbort(error) {
+	if w.acquire() {
+		w.j.cancel()
+		w.release(false)
+	}
+}
+
+// jobPool keeps the jobs of completed ops for reuse. A sync.Pool: its
+// fast path takes no lock, and what it keeps the collector may drop.
+type jobPool struct{ p sync.Pool }
+
+// get returns a zero job.
+func (p *jobPool) get() *job {
+	if j, _ := p.p.Get().(*job); j != nil {
+		return j
+	}
+	return new(job)
+}
+
+// put clears j (so that it keeps nothing of the op alive) and keeps it.
+func (p *jobPool) put(j *job) {
+	*j = job{}
+	p.p.Put(j)
+}

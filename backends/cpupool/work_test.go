@@ -1,0 +1,110 @@
+package cpupool_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/backends/cpupool"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// TestWorkOutlivesItsJob: a lane allreduce's job goes back to the pool
+// once the op is done, and its Work must not notice. Every rank issues
+// ops one after another, keeps every Work and tensor, waits for some
+// from a second goroutine at once, and aborts some after completion;
+// at the end every Work still answers for its own op (sequence number,
+// no error, duration, its own tensors as the future's value, a wait
+// that returns at once), and every tensor holds its op's sum. Run it
+// with -race: the reuse races the Work's methods. It also checks that
+// jobs are reused: the bytes allocated per op stay below a job's size.
+func TestWorkOutlivesItsJob(t *testing.T) {
+	ctx := context.Background()
+	const n, ops = 2, 600
+	bs := group(t, n, &cpupool.Options{Transport: "shm"})
+	type kept struct {
+		w backend.Work
+		x *tensor.Tensor
+	}
+	each(t, bs, func(r int, b backend.Backend) error {
+		keep := make([]kept, ops)
+		var wg sync.WaitGroup
+		errs := make(chan error, ops)
+		for k := range ops {
+			x := tensor.New(tensor.Float32, 3)
+			x.Fill(float64(r + k))
+			w, err := b.Allreduce(ctx, backend.Meta{Seq: uint64(k + 1), Timeout: 20 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+			if err != nil {
+				return err
+			}
+			keep[k] = kept{w, x}
+			if k%7 == 0 {
+				wg.Go(func() { errs <- w.Wait(ctx) })
+			}
+			if err := w.Wait(ctx); err != nil {
+				return err
+			}
+			if k%5 == 0 {
+				w.Abort(errors.New("too late")) // completed: no effect
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				return err
+			}
+		}
+		for k, c := range keep {
+			w := c.w
+			if !w.IsCompleted() || w.SeqNum() != uint64(k+1) || w.Exception() != nil || w.Wait(ctx) != nil || w.WaitHost(ctx) != nil {
+				return fmt.Errorf("rank %d op %d: completed %v seq %d exception %v", r, k, w.IsCompleted(), w.SeqNum(), w.Exception())
+			}
+			if _, err := w.Duration(); err != nil {
+				return fmt.Errorf("rank %d op %d: duration: %w", r, k, err)
+			}
+			if v, err := w.Future().Value(); err != nil || len(v) != 1 || v[0] != c.x {
+				return fmt.Errorf("rank %d op %d: future %v, %v: not the op's tensor", r, k, v, err)
+			}
+			if want := float64(n*k + n*(n-1)/2); c.x.At(2) != want {
+				return fmt.Errorf("rank %d op %d: %v, want %v", r, k, c.x.At(2), want)
+			}
+		}
+		return nil
+	})
+
+	// Bytes allocated per op, both ranks: a job is 480 bytes (a size
+	// class of 512), the Work 176; with every job allocated anew the
+	// pair would take at least 1024.
+	x := []*tensor.Tensor{tensor.New(tensor.Float32, 2), tensor.New(tensor.Float32, 2)}
+	run := func(k int) {
+		each(t, bs, func(r int, b backend.Backend) error {
+			for i := range k {
+				w, err := b.Allreduce(ctx, backend.Meta{Seq: uint64(ops + 1 + i), Timeout: 20 * time.Second}, x[r:r+1], backend.AllreduceOptions{})
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(ctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	run(200) // warm: the pool holds jobs
+	var before, after runtime.MemStats
+	const k = 2000
+	runtime.ReadMemStats(&before)
+	run(k)
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / k; per >= 1024 {
+		t.Fatalf("%d bytes allocated per op on two ranks: jobs are not reused", per)
+	} else {
+		t.Logf("%d bytes allocated per op on two ranks", per)
+	}
+}
