@@ -208,6 +208,7 @@ func (pg *ProcessGroup) begin(ctx context.Context, call *opCall, op backend.Op, 
 	if timed {
 		call.issued = call.mono
 	}
+	call.meta.Issued = call.mono
 	return nil
 }
 

@@ -138,6 +138,21 @@ func (f *frShapes) fill(a *targ) {
 	f.sizes, f.dtypes = fillSizes(f.sizes, f.dtypes, a)
 }
 
+// sameArg reports whether a and b are the same argument (the generated
+// methods pass an in-place op's list as both its inputs and outputs).
+func sameArg(a, b *targ) bool {
+	if a.shape != b.shape {
+		return false
+	}
+	switch a.shape {
+	case 'o':
+		return a.one == b.one
+	case 'l':
+		return len(a.list) == len(b.list) && (len(a.list) == 0 || &a.list[0] == &b.list[0])
+	}
+	return false
+}
+
 // dump returns the shapes and dtypes as the dump writes them, in slices
 // of their own.
 func (f *frShapes) dump() ([][]int, []string) {
@@ -315,7 +330,12 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, backendName string, rank in
 	slot.state, slot.isP2P, slot.retired, slot.captured = frScheduled, isP2P, captured, captured
 	slot.hasDur, slot.durMs, slot.err = false, 0, es
 	slot.in.fill(&c.in)
-	slot.out.fill(&c.out)
+	if sameArg(&c.in, &c.out) && slot.in.n == 1 {
+		// An in-place op (most): the same lone tensor on both sides.
+		slot.out.n, slot.out.dims, slot.out.ndim, slot.out.dtype = 1, slot.in.dims, slot.in.ndim, slot.in.dtype
+	} else {
+		slot.out.fill(&c.out)
+	}
 	slot.work = w
 	if w != nil {
 		fr.pending++

@@ -214,6 +214,8 @@ type comm struct {
 	// (retire.go). Under mu.
 	recent   [ringSize]*Work
 	probedTo uint64
+	// works is the rest of the slab newWork takes Works from. Under mu.
+	works []Work
 	made     int          // events created for the pools, under mu (tests)
 	scratch  *cuda.Buffer // one element for barrier
 
@@ -640,7 +642,7 @@ func (b *Backend) enqueue(w *Work) {
 // (w.sweep, every probeEvery launches at most): it also drops the unit's
 // finished front, so that those Works die young (retire.go), and releases
 // their stashes (ops never waited on) outside b.mu, as the watchdog does;
-// a Wait racing for one takes it under w.mu too.
+// a Wait racing for one may take it first (appendStash).
 func (b *Backend) enqueueSweep(w *Work) {
 	var buf [2 * ringSize]*Work
 	b.mu.Lock()

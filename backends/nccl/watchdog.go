@@ -181,13 +181,11 @@ func (b *Backend) watchdog() {
 		b.mu.Unlock()
 		// Outside b.mu: a round can free a hundred thousand works, and
 		// taking each one's lock under b.mu held every op's enqueue for
-		// milliseconds. Wait takes the stash under w.mu too; whoever comes
-		// first releases it.
+		// milliseconds. Wait may take the stash too; whoever comes first
+		// (appendStash's swap) releases it.
 		rel = rel[:0]
 		for _, w := range freed {
-			w.mu.Lock()
 			rel = w.appendStash(rel)
-			w.mu.Unlock()
 		}
 		if len(rel) > 0 {
 			b.mu.Lock()

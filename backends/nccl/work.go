@@ -62,9 +62,15 @@ type Work struct {
 	timing   bool
 	dur      time.Duration
 	err      error
-	stash    [2]cuda.Retainer // the common case (one tensor, or an input and an output) without an allocation; 4 made the Work 288 bytes, 2 makes it 256
-	nstash   int
-	more     []cuda.Retainer
+	// The stash. Written by the issuing goroutine before the Work is
+	// published (returned, or handed to the watchdog), then owned by
+	// whoever turns stashed from true to false (Wait, the watchdog, an
+	// early-retirement sweep, Close): that one reads and clears it, with no
+	// lock, so that Wait on the op's own stream takes no mutex.
+	stash   [2]cuda.Retainer // the common case (one tensor, or an input and an output) without an allocation; 4 made the Work 288 bytes, 2 makes it 256
+	nstash  int
+	more    []cuda.Retainer
+	stashed atomic.Bool
 	fut      *backend.Future
 	done     atomic.Bool // completed on the device (or failed)
 	finished atomic.Bool // done or failed: the watchdog can drop it
@@ -87,6 +93,7 @@ func (b *Backend) enqueueCaptured(w *Work) {
 
 // stashTensors takes a reference on every tensor's device memory, so that
 // freeing the tensor before Wait defers the free (PyTorch's TensorShelf).
+// The issuing goroutine calls it before publishing w.
 func (w *Work) stashTensors(ts []*tensor.Tensor) {
 	for _, t := range ts {
 		r, ok := t.Memory().(cuda.Retainer)
@@ -101,20 +108,19 @@ func (w *Work) stashTensors(ts []*tensor.Tensor) {
 			w.more = append(w.more, r)
 		}
 	}
-}
-
-// takeStash removes the stash; the caller releases it. w.mu is held.
-func (w *Work) takeStash() []cuda.Retainer {
-	if w.nstash == 0 && len(w.more) == 0 {
-		return nil
+	if w.nstash > 0 {
+		w.stashed.Store(true)
 	}
-	return w.appendStash(make([]cuda.Retainer, 0, w.nstash+len(w.more)))
 }
 
-// appendStash removes the stash, appending it to dst: Wait passes an
-// array on its stack, so that the common case (up to two tensors)
-// releases without allocating. w.mu is held.
+// appendStash removes the stash, appending it to dst, if no one took it
+// before: Wait passes an array on its stack, so that the common case (up
+// to two tensors) releases without allocating. It needs no lock: the
+// swap of stashed makes the caller its one owner.
 func (w *Work) appendStash(dst []cuda.Retainer) []cuda.Retainer {
+	if !w.stashed.Load() || !w.stashed.Swap(false) {
+		return dst
+	}
 	dst = append(dst, w.stash[:w.nstash]...)
 	dst = append(dst, w.more...)
 	clear(w.stash[:w.nstash])
@@ -122,13 +128,12 @@ func (w *Work) appendStash(dst []cuda.Retainer) []cuda.Retainer {
 	return dst
 }
 
-// releaseStash releases the stash now (after a stream wait, as
-// synchronizeStream does: the order is the whole of the safety).
+// releaseStash releases the stash now, if no one took it before (after a
+// stream wait, as synchronizeStream does: the order is the whole of the
+// safety).
 func (w *Work) releaseStash() {
-	w.mu.Lock()
-	rel := w.takeStash()
-	w.mu.Unlock()
-	for _, r := range rel {
+	var buf [len(w.stash)]cuda.Retainer
+	for _, r := range w.appendStash(buf[:0]) {
 		r.Release()
 	}
 }
@@ -249,24 +254,22 @@ func (w *Work) fail(err error) {
 // barriers, it also blocks the host until completion or the op's timeout.
 func (w *Work) Wait(ctx context.Context) error {
 	if w.async {
-		w.mu.Lock()
-		if !w.finished.Load() {
-			cur := cuda.StreamFor(ctx, w.c.dev)
-			// By identity: w.stream may have been destroyed by now (its
-			// handle reads 0, as the default stream's does).
-			if cur != w.stream {
+		// By identity: w.stream may have been destroyed by now (its
+		// handle reads 0, as the default stream's does). On the op's own
+		// stream (Options.AsyncOnCurrentStream, or the internal stream
+		// made current) stream order does the wait, and the end event is
+		// not touched, so no lock is taken.
+		if cur := cuda.StreamFor(ctx, w.c.dev); cur != w.stream {
+			w.mu.Lock()
+			if !w.finished.Load() {
 				if err := cur.WaitEvent(w.end); err != nil {
 					w.mu.Unlock()
 					return w.opErr(backend.ErrAborted, err)
 				}
 			}
+			w.mu.Unlock()
 		}
-		var buf [len(w.stash)]cuda.Retainer
-		rel := w.appendStash(buf[:0])
-		w.mu.Unlock()
-		for _, r := range rel {
-			r.Release()
-		}
+		w.releaseStash()
 	}
 	if w.barrier {
 		// PyTorch's barrier: the current stream is synchronised, so the
