@@ -215,9 +215,9 @@ type comm struct {
 	recent   [ringSize]*Work
 	probedTo uint64
 	// works is the rest of the slab newWork takes Works from. Under mu.
-	works []Work
-	made     int          // events created for the pools, under mu (tests)
-	scratch  *cuda.Buffer // one element for barrier
+	works   []Work
+	made    int          // events created for the pools, under mu (tests)
+	scratch *cuda.Buffer // one element for barrier
 
 	aborted atomic.Bool
 	asyncMu sync.Mutex // ncclCommGetAsyncError is not safe from two threads at once

@@ -30,50 +30,54 @@ import (
 type Work struct {
 	b       *Backend
 	c       *comm
-	op      backend.Op
 	seq     uint64
 	timeout time.Duration
 	enq     time.Time
-	async   bool         // an async op: Wait orders ctx's current stream (when not w.stream) and releases the stash
-	barrier bool         // Wait also blocks the host on the current stream
 	stream  *cuda.Stream // the stream the kernel is on
 	lseq    uint64       // its number among c's launches (comm.launches)
 	outputs []*tensor.Tensor
 
-	// captured: the op was captured into a CUDA graph, not run. Set before
-	// the Work is returned, never changed after. It runs at each replay of
-	// the graph, ordered by the stream the graph is launched on, and it is
-	// neither complete nor failed nor pending: queries of its events fail
-	// or mean nothing (they were recorded during the capture), so nothing
-	// queries them. The watchdog never sees it (ProcessGroupNCCL skips
-	// workEnqueue the same way), the flight recorder leaves it alone
-	// (backend.CaptureReporter), and its host waits return at once. Its
-	// events stay with it, never back in the pool: the graph records them
-	// at each replay.
+	// The small fields, together (the Work is 240 bytes, a size class of
+	// its own). Set before the Work is published, never changed after.
+	op      backend.Op
+	async   bool // an async op: Wait orders ctx's current stream (when not w.stream) and releases the stash
+	barrier bool // Wait also blocks the host on the current stream
+	timing  bool // the op has a start event (EnableTiming)
+	// captured: the op was captured into a CUDA graph, not run. It runs
+	// at each replay of the graph, ordered by the stream the graph is
+	// launched on, and it is neither complete nor failed nor pending:
+	// queries of its events fail or mean nothing (they were recorded
+	// during the capture), so nothing queries them. The watchdog never
+	// sees it (ProcessGroupNCCL skips workEnqueue the same way), the
+	// flight recorder leaves it alone (backend.CaptureReporter), and its
+	// host waits return at once. Its events stay with it, never back in
+	// the pool: the graph records them at each replay.
 	captured bool
 	// sweep: the probe made at this launch found older works complete, so
-	// enqueue drops the watchdog unit's finished front (retire.go). Set
-	// before enqueue, read only there.
+	// enqueue drops the watchdog unit's finished front (retire.go). Read
+	// only there.
 	sweep bool
 
-	mu       sync.Mutex // guards the fields below
-	end      *cuda.Event
-	start    *cuda.Event
-	timing   bool
-	dur      time.Duration
-	err      error
-	// The stash. Written by the issuing goroutine before the Work is
-	// published (returned, or handed to the watchdog), then owned by
-	// whoever turns stashed from true to false (Wait, the watchdog, an
-	// early-retirement sweep, Close): that one reads and clears it, with no
-	// lock, so that Wait on the op's own stream takes no mutex.
-	stash   [2]cuda.Retainer // the common case (one tensor, or an input and an output) without an allocation; 4 made the Work 288 bytes, 2 makes it 256
-	nstash  int
-	more    []cuda.Retainer
-	stashed atomic.Bool
-	fut      *backend.Future
 	done     atomic.Bool // completed on the device (or failed)
 	finished atomic.Bool // done or failed: the watchdog can drop it
+	// stashed: the stash below holds the op's tensors. The stash is
+	// written by the issuing goroutine before the Work is published
+	// (returned, or handed to the watchdog), then owned by whoever turns
+	// stashed from true to false (Wait, the watchdog, an early-retirement
+	// sweep, Close): that one reads and clears it, with no lock, so that
+	// Wait on the op's own stream takes no mutex.
+	stashed atomic.Bool
+
+	mu    sync.Mutex // guards the fields below
+	end   *cuda.Event
+	start *cuda.Event
+	dur   time.Duration
+	err   error
+	fut   *backend.Future
+
+	stash  [2]cuda.Retainer // the common case (one tensor, or an input and an output) without an allocation
+	nstash int
+	more   []cuda.Retainer
 }
 
 var _ backend.Work = (*Work)(nil)
