@@ -60,13 +60,14 @@ type Work struct {
 
 	done     atomic.Bool // completed on the device (or failed)
 	finished atomic.Bool // done or failed: the watchdog can drop it
-	// stashed: the stash below holds the op's tensors. The stash is
-	// written by the issuing goroutine before the Work is published
-	// (returned, or handed to the watchdog), then owned by whoever turns
-	// stashed from true to false (Wait, the watchdog, an early-retirement
-	// sweep, Close): that one reads and clears it, with no lock, so that
-	// Wait on the op's own stream takes no mutex.
-	stashed atomic.Bool
+	// taken: the stash below was taken. The stash is written by the
+	// issuing goroutine before the Work is published (returned, or handed
+	// to the watchdog), then owned by whoever turns taken from false to
+	// true (Wait, the watchdog, an early-retirement sweep, Close): that
+	// one reads and clears it, with no lock, so that Wait on the op's own
+	// stream takes no mutex. False at first (the zero Work), so that the
+	// issue makes no atomic store.
+	taken atomic.Bool
 
 	mu    sync.Mutex // guards the fields below
 	end   *cuda.Event
@@ -112,18 +113,15 @@ func (w *Work) stashTensors(ts []*tensor.Tensor) {
 			w.more = append(w.more, r)
 		}
 	}
-	if w.nstash > 0 {
-		w.stashed.Store(true)
-	}
 }
 
 // appendStash removes the stash, appending it to dst, if no one took it
 // before: Wait passes an array on its stack, so that the common case (up
 // to two tensors) releases without allocating. It needs no lock: the
-// swap of stashed makes the caller its one owner.
+// swap of taken makes the caller its one owner.
 func (w *Work) appendStash(dst []cuda.Retainer) []cuda.Retainer {
-	if !w.stashed.Load() || !w.stashed.Swap(false) {
-		return dst
+	if !w.async || w.taken.Load() || w.taken.Swap(true) {
+		return dst // only async ops stash
 	}
 	dst = append(dst, w.stash[:w.nstash]...)
 	dst = append(dst, w.more...)
