@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"sync"
@@ -88,54 +89,100 @@ type FlightRecorder struct {
 // frEntry is one op in the ring, in the compact form the issue path
 // writes: the dump's frtrace.Entry is built from it at a snapshot, so that
 // recording an op copies a few words rather than the whole entry, builds
-// no string and reads no wall clock.
+// no string and reads no wall clock. What most ops do not have (an error,
+// shapes of several tensors) is in the slot's side record, so that an
+// op's record writes 168 bytes (it was 360: six cache lines of a 720 KB
+// ring, each a miss on the issuing goroutine; the recorder was 0.1-0.2 us
+// of a GPU op's ~1.2 us in `conftest bench hostcost`, issue 16).
 type frEntry struct {
-	id       uint64   // RecordID and OpID
-	g        *frGroup // the op's group
-	seq, p2p uint64   // CollectiveSeqID (0 for p2p ops) and P2PSeqID
+	id   uint64       // RecordID and OpID
+	g    *frGroup     // the op's group
+	work backend.Work // nil once retired
+	// CollectiveSeqID (0 for p2p ops) and P2PSeqID
+	seq, p2p uint64
 	// created is when the dispatcher numbered the op, on the backend.Mono
 	// clock; started and completed are when refresh noticed, likewise
 	// (0: not yet). FlightRecorder.wallNs makes them Unix times.
 	created, started, completed time.Duration
 	timeout                     time.Duration
-	name                        opName // what the profiling name is made of
-	state                       frState
-	isP2P, retired, captured    bool
-	hasDur                      bool
 	durMs                       float64
-	err                         string
-	in, out                     frShapes     // the shapes and dtypes of the op's tensors
-	work                        backend.Work // nil once retired
+	// What the profiling name is made of (opName).
+	backend                          string
+	rank, peer                       int32
+	op                               backend.Op
+	state                            frState
+	isP2P, retired, captured, hasDur bool
+	hasErr                           bool     // side.err is the op's error
+	in, out                          frShapes // the shapes and dtypes of the op's tensors
+	side                             *frSide  // kept from op to op; nil until a slot first needs it
 }
 
-// frShapes are the shapes and dtypes of one side of an op. A lone tensor
-// of up to frInlineDims dimensions (most ops') is kept inline, in the
-// slot's own memory; others go to slices the slot keeps from op to op.
-// Either way a full ring records without allocating.
+// frSide is the part of a slot that most ops leave alone: the error, and
+// the shapes and dtypes of ops whose sides are not a lone tensor of up
+// to frInlineDims dimensions, in slices the slot keeps from op to op (a
+// full ring records without allocating).
+type frSide struct {
+	err                 string
+	inSizes, outSizes   [][]int
+	inDtypes, outDtypes []tensor.DType
+}
+
+// frShapes are the shapes and dtypes of one side of an op: a lone tensor
+// of up to frInlineDims dimensions (most ops') inline, else n is -1 and
+// the slot's side holds them.
 type frShapes struct {
-	n      int // tensors; -1: the slices hold them
-	dims   [frInlineDims]int
-	ndim   int
-	dtype  tensor.DType
-	sizes  [][]int
-	dtypes []tensor.DType
+	n     int8 // tensors: 0, 1 (below) or -1 (the side's)
+	ndim  uint8
+	dtype tensor.DType
+	dims  [frInlineDims]int32
 }
 
 const frInlineDims = 4
 
-// fill notes a's tensors.
-func (f *frShapes) fill(a *targ) {
+// name is the entry's profiling name's parts.
+func (fe *frEntry) name() opName {
+	return opName{op: fe.op, backend: fe.backend, rank: int(fe.rank), peer: int(fe.peer)}
+}
+
+// sideOf returns fe's side record, made on first use.
+func (fe *frEntry) sideOf() *frSide {
+	if fe.side == nil {
+		fe.side = &frSide{}
+	}
+	return fe.side
+}
+
+// fill notes a's tensors in f (fe.in or, when out, fe.out), or in the
+// side's sizes and dtypes when they are not a lone tensor that fits
+// inline.
+func (fe *frEntry) fill(f *frShapes, a *targ, out bool) {
 	if t, _, ok := lone([]*targ{a}); ok && t != nil && t.Dim() <= frInlineDims {
-		f.n, f.dtype = 1, t.DType()
-		f.ndim = len(t.AppendShape(f.dims[:0]))
-		return
+		var buf [frInlineDims]int
+		sh := t.AppendShape(buf[:0])
+		fits := true
+		for i, d := range sh {
+			if d > math.MaxInt32 {
+				fits = false
+				break
+			}
+			f.dims[i] = int32(d)
+		}
+		if fits {
+			f.n, f.ndim, f.dtype = 1, uint8(len(sh)), t.DType()
+			return
+		}
 	}
 	if a.shape == 0 {
 		f.n = 0
 		return
 	}
 	f.n = -1
-	f.sizes, f.dtypes = fillSizes(f.sizes, f.dtypes, a)
+	sd := fe.sideOf()
+	if out {
+		sd.outSizes, sd.outDtypes = fillSizes(sd.outSizes, sd.outDtypes, a)
+	} else {
+		sd.inSizes, sd.inDtypes = fillSizes(sd.inSizes, sd.inDtypes, a)
+	}
 }
 
 // sameArg reports whether a and b are the same argument (the generated
@@ -154,8 +201,8 @@ func sameArg(a, b *targ) bool {
 }
 
 // dump returns the shapes and dtypes as the dump writes them, in slices
-// of their own.
-func (f *frShapes) dump() ([][]int, []string) {
+// of their own; sizes and dtypes are the side's, for n -1.
+func (f *frShapes) dump(sizes [][]int, dtypes []tensor.DType) ([][]int, []string) {
 	dtype := func(d tensor.DType) string {
 		if d == noDType {
 			return ""
@@ -166,16 +213,20 @@ func (f *frShapes) dump() ([][]int, []string) {
 	case 0:
 		return [][]int{}, []string{}
 	case 1:
-		return [][]int{append([]int{}, f.dims[:f.ndim]...)}, []string{dtype(f.dtype)}
+		dims := make([]int, f.ndim)
+		for i := range dims {
+			dims[i] = int(f.dims[i])
+		}
+		return [][]int{dims}, []string{dtype(f.dtype)}
 	}
-	sizes, dtypes := make([][]int, len(f.sizes)), make([]string, len(f.dtypes))
-	for i, s := range f.sizes {
-		sizes[i] = append([]int{}, s...)
+	out, outTypes := make([][]int, len(sizes)), make([]string, len(dtypes))
+	for i, s := range sizes {
+		out[i] = append([]int{}, s...)
 	}
-	for i, d := range f.dtypes {
-		dtypes[i] = dtype(d)
+	for i, d := range dtypes {
+		outTypes[i] = dtype(d)
 	}
-	return sizes, dtypes
+	return out, outTypes
 }
 
 // frState is an entry's state: frtrace.StateScheduled and the others.
@@ -326,15 +377,18 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, backendName string, rank in
 		slot.seq = c.meta.Seq
 	}
 	slot.created, slot.started, slot.completed, slot.timeout = c.mono, 0, 0, c.meta.Timeout
-	slot.name = opName{op: c.meta.Op, backend: backendName, rank: rank, peer: c.peer}
+	slot.backend, slot.rank, slot.peer, slot.op = backendName, int32(rank), int32(c.peer), c.meta.Op
 	slot.state, slot.isP2P, slot.retired, slot.captured = frScheduled, isP2P, captured, captured
-	slot.hasDur, slot.durMs, slot.err = false, 0, es
-	slot.in.fill(&c.in)
+	slot.hasDur, slot.durMs, slot.hasErr = false, 0, err != nil
+	if err != nil {
+		slot.sideOf().err = es
+	}
+	slot.fill(&slot.in, &c.in, false)
 	if sameArg(&c.in, &c.out) && slot.in.n == 1 {
 		// An in-place op (most): the same lone tensor on both sides.
-		slot.out.n, slot.out.dims, slot.out.ndim, slot.out.dtype = 1, slot.in.dims, slot.in.ndim, slot.in.dtype
+		slot.out = slot.in
 	} else {
-		slot.out.fill(&c.out)
+		slot.fill(&slot.out, &c.out, true)
 	}
 	slot.work = w
 	if w != nil {
@@ -412,7 +466,7 @@ func (fr *FlightRecorder) complete(fe *frEntry, now, dur time.Duration, durErr, 
 		fe.hasDur, fe.durMs = true, float64(dur)/float64(time.Millisecond)
 	}
 	if err != nil {
-		fe.err = err.Error()
+		fe.sideOf().err, fe.hasErr = err.Error(), true
 	}
 	if st := fe.g.status; st != nil && !fe.isP2P && int64(fe.seq) > st.LastCompleted {
 		st.LastCompleted = int64(fe.seq)
@@ -460,12 +514,19 @@ func fillSizes(dst [][]int, dts []tensor.DType, a *targ) ([][]int, []tensor.DTyp
 // reuses its slices for later entries).
 func (fr *FlightRecorder) entry(fe *frEntry) frtrace.Entry {
 	e := frtrace.Entry{RecordID: fe.id, OpID: fe.id, PGID: fe.g.name, ProcessGroup: [2]string{fe.g.name, fe.g.desc},
-		CollectiveSeqID: fe.seq, P2PSeqID: fe.p2p, ProfilingName: fe.name.String(), TimeCreatedNs: fr.wallNs(fe.created),
+		CollectiveSeqID: fe.seq, P2PSeqID: fe.p2p, ProfilingName: fe.name().String(), TimeCreatedNs: fr.wallNs(fe.created),
 		State: frStateNames[fe.state], TimeStartedNs: fr.wallNs(fe.started), TimeCompletedNs: fr.wallNs(fe.completed),
 		Retired: fe.retired, TimeoutMs: fe.timeout.Milliseconds(), IsP2P: fe.isP2P, ThreadName: "dispatcher",
-		Error: fe.err, Captured: fe.captured}
-	e.InputSizes, e.InputDtypes = fe.in.dump()
-	e.OutputSizes, e.OutputDtypes = fe.out.dump()
+		Captured: fe.captured}
+	var sd frSide
+	if fe.side != nil {
+		sd = *fe.side
+	}
+	if fe.hasErr {
+		e.Error = sd.err
+	}
+	e.InputSizes, e.InputDtypes = fe.in.dump(sd.inSizes, sd.inDtypes)
+	e.OutputSizes, e.OutputDtypes = fe.out.dump(sd.outSizes, sd.outDtypes)
 	if fe.hasDur {
 		ms := fe.durMs
 		e.DurationMs = &ms
