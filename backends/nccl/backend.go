@@ -82,10 +82,19 @@ type Backend struct {
 	p2pMu    sync.Mutex
 	counter  int // communicators created through the store, for the store key
 
-	mu      sync.Mutex             // guards wd, unstash, coal
-	wd      *watch.Watchdog[*Work] // the pending works and the failure policy's decisions
-	unstash []cuda.Retainer
-	edge    edge // clock, sleep and exit of the watchdog's driver
+	// all lists every communicator made (comms' and p2p's), copied on
+	// write, for the flushes of their fresh works that run under mu: it
+	// is read without a lock, where comms takes p2pMu, which
+	// getP2PComm holds across a creation that waits on the peer.
+	all atomic.Pointer[[]*comm]
+
+	mu sync.Mutex // guards wd, unstash, coal
+	// unstashed: unstash is not empty, read without b.mu by the issue
+	// path. Set and cleared under mu.
+	unstashed atomic.Bool
+	wd        *watch.Watchdog[*Work] // the pending works and the failure policy's decisions
+	unstash   []cuda.Retainer
+	edge      edge // clock, sleep and exit of the watchdog's driver
 
 	coalescing atomic.Bool
 	coal       coalBlock
@@ -215,7 +224,16 @@ type comm struct {
 	recent   [ringSize]*Work
 	probedTo uint64
 	// works is the rest of the slab newWork takes Works from. Under mu.
-	works   []Work
+	works []Work
+	// fresh is the newest of the works launchOne issued since the last
+	// flush, each linked to the one before (Work.freshNext), not yet in
+	// the watchdog unit: launchOne pushes with one atomic operation, where
+	// a hand-over to the unit took b.mu for every op; Backend.flushLocked
+	// moves them under b.mu (at each early retirement, every probeEvery
+	// launches, at the watchdog's round, and before anything reads the
+	// unit), without c.mu, which an issue stuck in NCCL can hold.
+	fresh atomic.Pointer[Work]
+
 	made    int          // events created for the pools, under mu (tests)
 	scratch *cuda.Buffer // one element for barrier
 
@@ -345,6 +363,7 @@ func (b *Backend) getComm(ctx context.Context, dev int) (*comm, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.addComm(c)
 	b.devComms[dev].Store(c)
 	useGPU(c)
 	return c, nil
@@ -595,6 +614,7 @@ func (b *Backend) getP2PComm(ctx context.Context, dev, peer int) (*comm, int, er
 	if err := b.finishComm(c); err != nil {
 		return nil, 0, err
 	}
+	b.addComm(c)
 	b.p2p[k] = c
 	return c, 1 - pairRank, nil
 }
@@ -615,50 +635,6 @@ func (b *Backend) comms() []*comm {
 	return out
 }
 
-// enqueue hands w to the watchdog and releases stashes that the watchdog
-// freed since the last op (on this goroutine, as PyTorch does in
-// workEnqueue).
-func (b *Backend) enqueue(w *Work) {
-	if w != nil && w.sweep {
-		b.enqueueSweep(w)
-		return
-	}
-	b.mu.Lock()
-	if w != nil {
-		b.wd.Enqueue(w, w.c.key, w.enq, w.timeout)
-	}
-	var rel []cuda.Retainer
-	if len(b.unstash) > 0 {
-		rel = b.unstash
-		b.unstash = nil
-	}
-	b.mu.Unlock()
-	for _, r := range rel {
-		r.Release()
-	}
-}
-
-// enqueueSweep is enqueue after early retirement found works complete
-// (w.sweep, every probeEvery launches at most): it also drops the unit's
-// finished front, so that those Works die young (retire.go), and releases
-// their stashes (ops never waited on) outside b.mu, as the watchdog does;
-// a Wait racing for one may take it first (appendStash).
-func (b *Backend) enqueueSweep(w *Work) {
-	var buf [2 * ringSize]*Work
-	b.mu.Lock()
-	b.wd.Enqueue(w, w.c.key, w.enq, w.timeout)
-	swept := b.wd.RetireFront(finished, buf[:0])
-	rel := b.unstash
-	b.unstash = nil
-	b.mu.Unlock()
-	for _, r := range rel {
-		r.Release()
-	}
-	for _, d := range swept {
-		d.releaseStash()
-	}
-}
-
 // Abort implements backend.Core: it aborts every communicator of the group
 // at once, bounded by Options.AbortTimeout and ctx, fails pending works
 // with ErrAborted wrapping reason, and stops the watchdog. Later ops fail
@@ -668,6 +644,7 @@ func (b *Backend) Abort(ctx context.Context, reason error) error {
 		reason = errors.New("aborted")
 	}
 	b.mu.Lock()
+	b.flushAllLocked()
 	acts := b.wd.Abort()
 	b.mu.Unlock()
 	b.perform(ctx, acts, reason)
@@ -717,7 +694,7 @@ func (b *Backend) Close(ctx context.Context) error {
 	// go too once their kernels are known done; a failed work's kernel may
 	// still run, so its stash stays (as the watchdog keeps it).
 	for _, w := range b.pendingWorks() {
-		if w.done.Load() {
+		if w.isDone() {
 			w.releaseStash()
 		}
 	}

@@ -147,7 +147,7 @@ func (b *Backend) launch(ctx context.Context, m backend.Meta, c *comm, async boo
 			return nil, err
 		}
 	}
-	o := opLaunch{m: m, async: async, outs: outs, stream: cur}
+	o := opLaunch{m: m, async: async, ins: ins, outs: outs, stream: cur}
 	syncEv := uintptr(0)
 	if async && !b.opts.AsyncOnCurrentStream {
 		o.stream = c.stream
@@ -168,11 +168,13 @@ func (b *Backend) launch(ctx context.Context, m backend.Meta, c *comm, async boo
 		w, captured, err = b.launchGroup(ctx, c, &o, cur, syncEv, calls)
 	}
 	if err != nil {
+		if w != nil {
+			// Nothing was queued that needs the tensors kept (as before
+			// the stash moved into newWork, when a failed launch stashed
+			// nothing).
+			w.releaseStash()
+		}
 		return nil, b.wrapErr(m, err)
-	}
-	if async && !b.test.DisableStash {
-		w.stashTensors(ins)
-		w.stashTensors(outs)
 	}
 	if captured {
 		// Captured into a graph: nothing ran, so the watchdog must not
@@ -187,10 +189,10 @@ func (b *Backend) launch(ctx context.Context, m backend.Meta, c *comm, async boo
 // opLaunch is what launch passes launchOne and launchGroup to make the
 // op's Work from (newWork).
 type opLaunch struct {
-	m      backend.Meta
-	async  bool
-	outs   []*tensor.Tensor
-	stream *cuda.Stream // the stream the kernel goes on
+	m         backend.Meta
+	async     bool
+	ins, outs []*tensor.Tensor
+	stream    *cuda.Stream // the stream the kernel goes on
 }
 
 // workSlab is how many Works newWork allocates at once: one allocation
@@ -212,6 +214,12 @@ func (b *Backend) newWork(c *comm, o *opLaunch) *Work {
 	c.works = c.works[1:]
 	w.b, w.c, w.op, w.seq, w.timeout = b, c, o.m.Op, o.m.Seq, opTimeout(o.m)
 	w.enq, w.async, w.outputs, w.timing, w.stream = issuedAt(o.m), o.async, o.outs, b.opts.EnableTiming, o.stream
+	if o.async && !b.test.DisableStash {
+		// Before the work can reach the watchdog (launchOne's fresh
+		// list), which may free the stash of a completed work.
+		w.stashTensors(o.ins)
+		w.stashTensors(o.outs)
+	}
 	return w
 }
 
@@ -228,7 +236,7 @@ func (b *Backend) launchOne(ctx context.Context, c *comm, o *opLaunch, cur *cuda
 	}
 	if err != nil {
 		c.mu.Unlock()
-		return nil, false, err
+		return w, false, err
 	}
 	w.end = end
 	c.launches++
@@ -239,13 +247,16 @@ func (b *Backend) launchOne(ctx context.Context, c *comm, o *opLaunch, cur *cuda
 	var probe *Work
 	if r == 0 && !c.nb {
 		// Issued, its end event recorded, not captured: early retirement
-		// may probe or complete it (retire.go).
+		// may probe or complete it (retire.go), and it goes to the
+		// watchdog through c's fresh list.
 		c.remember(w)
+		w.fresh = true
+		c.pushFresh(w)
 		probe = c.probeFor(w)
 	}
 	c.mu.Unlock()
 	if err := result(opCallName(k.kind), r); err != nil {
-		return nil, false, err
+		return w, false, err
 	}
 	if probe != nil {
 		w.sweep = c.retireBefore(probe)
@@ -254,10 +265,10 @@ func (b *Backend) launchOne(ctx context.Context, c *comm, o *opLaunch, cur *cuda
 		// Nonblocking communicator: the launch finishes in the background;
 		// record the end event only once it has.
 		if err := c.waitReady(ctx, opCallName(k.kind), w.timeout); err != nil {
-			return nil, false, err
+			return w, false, err
 		}
 		if err := result("cuEventRecord", C.gn_post(C.uintptr_t(c.ctx), C.uintptr_t(w.stream.Handle()), C.uintptr_t(end.Handle()))); err != nil {
-			return nil, false, err
+			return w, false, err
 		}
 	}
 	return w, r&C.GN_CAPTURING != 0, nil
@@ -273,10 +284,7 @@ func (b *Backend) launchGroup(ctx context.Context, c *comm, o *opLaunch, cur *cu
 	defer c.mu.Unlock()
 	w := b.newWork(c, o)
 	captured, err := b.groupCalls(ctx, c, w, cur, syncEv, calls)
-	if err != nil {
-		return nil, false, err
-	}
-	return w, captured, nil
+	return w, captured, err
 }
 
 // groupCalls is launchGroup's body, with w made. c.mu is held.

@@ -55,7 +55,7 @@ func (c *comm) probeFor(w *Work) *Work {
 // p's stream, and reports true: the watchdog unit's oldest works may now
 // be finished (Backend.enqueue drops them).
 func (c *comm) retireBefore(p *Work) bool {
-	if !p.poll() || !p.done.Load() {
+	if !p.poll() || !p.isDone() {
 		return false
 	}
 	var buf [ringSize]*Work
@@ -74,7 +74,7 @@ func (c *comm) retireBefore(p *Work) bool {
 	var ebuf [2 * ringSize]*cuda.Event
 	evs := ebuf[:0]
 	for _, q := range olds {
-		if !q.finished.Load() {
+		if !q.isFinished() {
 			evs = q.completeInOrderTo(evs)
 		}
 	}

@@ -54,7 +54,7 @@ func TestEarlyRetire(t *testing.T) {
 			if made > 8*64 {
 				t.Fatalf("%d ops made %d events: the issue path did not recycle them", ops, made)
 			}
-			if !first.(*Work).done.Load() {
+			if !first.(*Work).isDone() {
 				t.Fatal("the first op is not marked complete after 4095 later ops on its stream and no query of its own")
 			}
 			t.Logf("%d ops, %d events made", ops, made)
@@ -128,7 +128,7 @@ func TestEarlyRetireNeverEarly(t *testing.T) {
 				ws = append(ws, w)
 			}
 			for i, w := range ws {
-				if w.(*Work).done.Load() {
+				if w.(*Work).isDone() {
 					t.Fatalf("op %d of 200 marked complete behind a closed gate", i)
 				}
 			}

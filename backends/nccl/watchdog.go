@@ -127,6 +127,7 @@ func (b *Backend) watchdog() {
 		}
 		b.heartbeat.Add(1)
 		b.mu.Lock()
+		b.flushAllLocked()
 		scratch = b.wd.AppendPending(scratch[:0])
 		b.retireLocked() // failed elsewhere (Work.Abort) since the last round
 		b.mu.Unlock()
@@ -148,7 +149,7 @@ func (b *Backend) watchdog() {
 			}
 		}
 		for k, n := range newest {
-			if n.poll() && n.done.Load() {
+			if n.poll() && n.isDone() {
 				doneTo[k] = n.lseq
 			}
 		}
@@ -190,6 +191,7 @@ func (b *Backend) watchdog() {
 		if len(rel) > 0 {
 			b.mu.Lock()
 			b.unstash = append(b.unstash, rel...)
+			b.unstashed.Store(true)
 			b.mu.Unlock()
 			clear(rel)
 		}
@@ -211,12 +213,13 @@ func (b *Backend) retireLocked() {
 	b.wd.Retire(finished)
 }
 
-func finished(w *Work) bool { return w.finished.Load() }
+func finished(w *Work) bool { return w.isFinished() }
 
 // pendingWorks returns the works the watchdog watches.
 func (b *Backend) pendingWorks() []*Work {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.flushAllLocked()
 	return b.wd.AppendPending(nil)
 }
 
@@ -237,6 +240,7 @@ func (b *Backend) checkAsyncErrors(ws []*Work) {
 			err = &Error{Call: "ncclCommGetAsyncError", Code: st, Detail: C.GoString(C.gn_last_error())}
 		}
 		b.mu.Lock()
+		b.flushLocked(w.c) // every pending work of the communicator fails
 		acts := b.wd.AsyncError(w.c.key, st == ncclRemoteError, err)
 		b.mu.Unlock()
 		b.perform(context.Background(), acts, nil)
@@ -259,6 +263,7 @@ func (b *Backend) checkRemoteError() {
 		return
 	}
 	b.mu.Lock()
+	b.flushAllLocked()
 	acts := b.wd.RemoteSignal(string(v))
 	b.mu.Unlock()
 	b.perform(context.Background(), acts, nil)

@@ -28,14 +28,18 @@ import (
 // (by the caller or the watchdog) has seen completion, the events go back
 // to the communicator's pool and the outcome is remembered.
 type Work struct {
-	b       *Backend
-	c       *comm
-	seq     uint64
-	timeout time.Duration
-	enq     time.Time
-	stream  *cuda.Stream // the stream the kernel is on
-	lseq    uint64       // its number among c's launches (comm.launches)
-	outputs []*tensor.Tensor
+	b *Backend
+	c *comm
+	// freshNext links the work to the one launched before it while both
+	// are in c's fresh list (comm.fresh); written by the pusher before
+	// the push, then by the flush under b.mu.
+	freshNext *Work
+	seq       uint64
+	timeout   time.Duration
+	enq       time.Time
+	stream    *cuda.Stream // the stream the kernel is on
+	lseq      uint64       // its number among c's launches (comm.launches)
+	outputs   []*tensor.Tensor
 
 	// The small fields, together (the Work is 240 bytes, a size class of
 	// its own). Set before the Work is published, never changed after.
@@ -57,9 +61,16 @@ type Work struct {
 	// enqueue drops the watchdog unit's finished front (retire.go). Read
 	// only there.
 	sweep bool
+	// fresh: launchOne queued the work in its communicator's fresh list,
+	// from where it reaches the unit (comm.fresh), rather than leaving
+	// enqueue to hand it over.
+	fresh bool
 
-	done     atomic.Bool // completed on the device (or failed)
-	finished atomic.Bool // done or failed: the watchdog can drop it
+	// state is 0 while the op is pending, then workDone (completed on the
+	// device) or workFailed, never changed after: one word, so that
+	// completing a work is one atomic store (early retirement completes
+	// every work of the issue path).
+	state atomic.Uint32
 	// taken: the stash below was taken. The stash is written by the
 	// issuing goroutine before the Work is published (returned, or handed
 	// to the watchdog), then owned by whoever turns taken from false to
@@ -80,6 +91,19 @@ type Work struct {
 	nstash int
 	more   []cuda.Retainer
 }
+
+// The states of Work.state after pending (0).
+const (
+	workDone   = 1
+	workFailed = 2
+)
+
+// isFinished reports whether w completed or failed: the watchdog can drop
+// it.
+func (w *Work) isFinished() bool { return w.state.Load() != 0 }
+
+// isDone reports whether w completed on the device.
+func (w *Work) isDone() bool { return w.state.Load() == workDone }
 
 var _ backend.Work = (*Work)(nil)
 var _ backend.CaptureReporter = (*Work)(nil)
@@ -144,12 +168,12 @@ func (w *Work) releaseStash() {
 // the work is finished (completed or failed), or captured: then there is
 // nothing for the host to wait for, and its events are not queried.
 func (w *Work) poll() bool {
-	if w.finished.Load() || w.captured {
+	if w.isFinished() || w.captured {
 		return true
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.finished.Load() {
+	if w.isFinished() {
 		return true
 	}
 	ok, err := w.end.Query()
@@ -170,7 +194,7 @@ func (w *Work) poll() bool {
 func (w *Work) completeInOrder() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.finished.Load() {
+	if !w.isFinished() {
 		w.completeLocked()
 	}
 	return true
@@ -182,7 +206,7 @@ func (w *Work) completeInOrder() bool {
 func (w *Work) completeInOrderTo(evs []*cuda.Event) []*cuda.Event {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.finished.Load() {
+	if w.isFinished() {
 		return evs
 	}
 	w.noteDurationLocked()
@@ -215,8 +239,7 @@ func (w *Work) completeLocked() {
 
 // markDoneLocked records success, once the events are dealt with.
 func (w *Work) markDoneLocked() {
-	w.done.Store(true)
-	w.finished.Store(true)
+	w.state.Store(workDone)
 	if w.fut != nil {
 		w.fut.Complete(w.outputs, nil)
 	}
@@ -231,11 +254,11 @@ func (w *Work) recycleLocked() {
 }
 
 func (w *Work) failLocked(err error) {
-	if w.finished.Load() {
+	if w.isFinished() {
 		return
 	}
 	w.err = err
-	w.finished.Store(true)
+	w.state.Store(workFailed)
 	if w.fut != nil {
 		w.fut.Complete(nil, err)
 	}
@@ -263,7 +286,7 @@ func (w *Work) Wait(ctx context.Context) error {
 		// not touched, so no lock is taken.
 		if cur := cuda.StreamFor(ctx, w.c.dev); cur != w.stream {
 			w.mu.Lock()
-			if !w.finished.Load() {
+			if !w.isFinished() {
 				if err := cur.WaitEvent(w.end); err != nil {
 					w.mu.Unlock()
 					return w.opErr(backend.ErrAborted, err)
@@ -317,12 +340,14 @@ func (w *Work) blockingWait(ctx context.Context) error {
 					kind = watch.AsyncRemote
 				}
 				b.mu.Lock()
+				b.flushLocked(w.c)
 				acts = b.wd.Report(watch.Failure[*Work]{Kind: kind, Work: w, Comm: w.c.key, Cause: err, Blocking: true})
 				b.mu.Unlock()
 			}
 		}
 		if acts == nil {
 			b.mu.Lock()
+			b.flushLocked(w.c)
 			acts = b.wd.BlockingWait(w, b.edge.now())
 			b.mu.Unlock()
 		}
@@ -359,7 +384,7 @@ func (w *Work) BlockStream(bs backend.Stream) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.finished.Load() {
+	if w.isFinished() {
 		return w.err
 	}
 	if err := s.WaitEvent(w.end); err != nil {
@@ -398,7 +423,7 @@ func (w *Work) IsStarted() (bool, error) {
 	if !w.timing {
 		return false, backend.ErrNoTiming
 	}
-	if w.finished.Load() || w.captured || w.start == nil {
+	if w.isFinished() || w.captured || w.start == nil {
 		return true, nil
 	}
 	return w.start.Query()
@@ -406,7 +431,7 @@ func (w *Work) IsStarted() (bool, error) {
 
 // Exception implements backend.Work.
 func (w *Work) Exception() error {
-	if !w.finished.Load() {
+	if !w.isFinished() {
 		return nil
 	}
 	w.mu.Lock()
@@ -425,7 +450,7 @@ func (w *Work) Future() *backend.Future {
 			// Nothing on the host will see a replay end: the outputs are
 			// the graph's, ordered by its stream.
 			w.fut.Complete(w.outputs, nil)
-		} else if w.finished.Load() {
+		} else if w.isFinished() {
 			if w.err != nil {
 				w.fut.Complete(nil, w.err)
 			} else {
