@@ -3,8 +3,9 @@
 # conftest-before (the same bench at BEFORE, default main) and run.sh,
 # issue 16 item 3's proof on nvidia-h200 in one device call (`run` with
 # carry [".gpu/nccl16"], command `bash .gpu/nccl16/run.sh`):
-#   - SUITES=1 (default): the nccl package's tests (`nccl.test -test.v`)
-#     and `conftest --backend nccl --nproc 1`;
+#   - SUITES=1 (default): the nccl package's tests (`nccl.test -test.v`),
+#     the same built with -race (RACE=1, default), and `conftest --backend
+#     nccl --nproc 1`;
 #   - HOSTCOST_N=3 (default): `conftest bench hostcost --backend nccl
 #     --reps 5`, before and after taking turns, N times (torch 2.11 beside
 #     the second after, TORCH=1);
@@ -22,6 +23,10 @@ D=$(cd "$D" && pwd)
 export CGO_ENABLED=1
 go build -trimpath -ldflags='-s -w' -o "$D/conftest" ./cmd/conftest
 go test -c -trimpath -ldflags='-s -w' -o "$D/nccl.test" ./backends/nccl
+if [ "${RACE:-1}" = 1 ]; then
+	go test -c -race -trimpath -o "$D/nccl-race.test" ./backends/nccl 2>/dev/null
+	gzip -9 "$D/nccl-race.test"
+fi
 B=$(mktemp -d)
 git worktree add -q --detach "$B" "${BEFORE:-main}"
 (cd "$B" && go build -trimpath -ldflags='-s -w' -o "$D/conftest-before" ./cmd/conftest)
@@ -31,13 +36,13 @@ git rev-parse "${BEFORE:-main}" > "$D/before.txt"
 gzip -9 "$D/conftest" "$D/conftest-before" "$D/nccl.test"
 cat > "$D/run.sh" <<RUN
 #!/usr/bin/env bash
-SUITES=${SUITES:-1} HOSTCOST_N=${HOSTCOST_N:-3} PROF=${PROF:-1} TORCH=${TORCH:-1}
+SUITES=${SUITES:-1} HOSTCOST_N=${HOSTCOST_N:-3} PROF=${PROF:-1} TORCH=${TORCH:-1} RACE=${RACE:-1}
 RUN
 cat >> "$D/run.sh" <<'RUN'
 export NCCL_NVLS_ENABLE=0
 H=$(cd "$(dirname "$0")" && pwd)
 cd "$H/../.."
-for f in conftest conftest-before nccl.test; do gunzip -c "$H/$f.gz" > /tmp/$f && chmod +x /tmp/$f; done
+for f in conftest conftest-before nccl.test nccl-race.test; do [ -f "$H/$f.gz" ] && gunzip -c "$H/$f.gz" > /tmp/$f && chmod +x /tmp/$f; done
 R=${OUT:-/tmp/out}/r; mkdir -p "$R"
 cp "$H"/*.txt "$R/"
 { date -u; nvidia-smi -L; nproc; uptime; ls -l /usr/lib/x86_64-linux-gnu/libnccl.so*; } > "$R/machine.txt" 2>&1
@@ -45,6 +50,10 @@ sum() { echo "$1 rc=$2 $(grep -E '^(ok|PASS|FAIL)$|passed.*failed' "$R/$1.log" |
 if [ "$SUITES" = 1 ]; then
 	(cd backends/nccl && CUDA_VISIBLE_DEVICES=0 timeout 90 /tmp/nccl.test -test.v -test.count=1 -test.timeout=85s > "$R/nccl-world1.log" 2>&1; echo $? > "$R/.rc"); sum nccl-world1 "$(cat "$R/.rc")"
 	echo "nccl.test: pass $(grep -c -- '^--- PASS' "$R/nccl-world1.log") fail $(grep -c -- '^--- FAIL' "$R/nccl-world1.log") skip $(grep -c -- '^--- SKIP' "$R/nccl-world1.log")" >> "$R/summary.txt"
+	if [ "$RACE" = 1 ]; then
+		(cd backends/nccl && CUDA_VISIBLE_DEVICES=0 timeout 150 /tmp/nccl-race.test -test.v -test.count=1 -test.timeout=145s > "$R/nccl-race-world1.log" 2>&1; echo $? > "$R/.rc"); sum nccl-race-world1 "$(cat "$R/.rc")"
+		echo "nccl-race.test: pass $(grep -c -- '^--- PASS' "$R/nccl-race-world1.log") fail $(grep -c -- '^--- FAIL' "$R/nccl-race-world1.log") skip $(grep -c -- '^--- SKIP' "$R/nccl-race-world1.log") races $(grep -c 'WARNING: DATA RACE' "$R/nccl-race-world1.log")" >> "$R/summary.txt"
+	fi
 	timeout 120 /tmp/conftest --backend nccl --nproc 1 --report "$R/conftest-world1" > "$R/conftest-world1.log" 2>&1; sum conftest-world1 $?
 fi
 for i in $(seq 1 "$HOSTCOST_N"); do
@@ -56,7 +65,7 @@ if [ "$PROF" = 1 ]; then
 	timeout 60 /tmp/conftest bench hostcost --backend nccl --only 'current stream' --reps 1 --ops 400000 --torch-runs 0 --cpuprofile "$R/curstream-after.pprof" --cpuprofile-hz 2000 > "$R/curstream-after-prof.log" 2>&1; sum curstream-after-prof $?
 fi
 cat "$R/summary.txt"
-grep -hE -- '--- FAIL|^\s*\[FAIL\]|panic:|SIGSEGV' "$R"/nccl-world1.log "$R"/conftest-world1.log 2>/dev/null | head -20
+grep -hE -- '--- FAIL|^\s*\[FAIL\]|panic:|SIGSEGV|DATA RACE' "$R"/nccl-world1.log "$R"/nccl-race-world1.log "$R"/conftest-world1.log 2>/dev/null | head -20
 for i in $(seq 1 "$HOSTCOST_N"); do for v in before after; do f=$v-$i; echo "== $f"; grep -E '^goal|round by round|^\| (nccl raw|nccl \+|backend async|dispatcher async\+Wait)' "$R/hostcost-$f.log"; done; done
 grep -hE '^\| torch' "$R"/hostcost-after-*.log
 rm -f "$R/.rc"
