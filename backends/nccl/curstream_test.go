@@ -125,8 +125,8 @@ func TestAsyncOnCurrentStream(t *testing.T) {
 		if got := wk.Stream().Handle(); got != e.cur.Handle() {
 			return fmt.Errorf("op ran on stream %#x, want the current stream %#x", got, e.cur.Handle())
 		}
-		if wk.nstash != 1 {
-			return fmt.Errorf("%d tensors stashed before Wait, want 1", wk.nstash)
+		if n := wk.stashHeld(); n != 1 {
+			return fmt.Errorf("%d tensors stashed before Wait, want 1", n)
 		}
 		// Wait under the other stream: it must order that stream.
 		ctxB := cuda.WithStream(context.Background(), other)
@@ -147,8 +147,8 @@ func TestAsyncOnCurrentStream(t *testing.T) {
 		if d := time.Since(t0); d > 100*time.Millisecond {
 			return fmt.Errorf("Wait blocked the host for %v", d)
 		}
-		if wk.nstash != 0 {
-			return fmt.Errorf("%d tensors still stashed after Wait", wk.nstash)
+		if n := wk.stashHeld(); n != 0 {
+			return fmt.Errorf("%d tensors still stashed after Wait", n)
 		}
 		// The internal stream's gate stays closed: it must not hold the op.
 		gc.Open()
@@ -328,9 +328,7 @@ func TestStashOutlivesCurrentStream(t *testing.T) {
 		defer g.Open() // first: a failing round must not leave the device gated for Close
 		wk := issue(g).(*Work)
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			wk.mu.Lock()
-			left := wk.nstash + len(wk.more)
-			wk.mu.Unlock()
+			left := wk.stashHeld()
 			if left == 0 {
 				break
 			}

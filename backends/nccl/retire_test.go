@@ -166,11 +166,7 @@ func TestStashReleasedWithoutWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	wk := w.(*Work)
-	stashed := func() int {
-		wk.mu.Lock()
-		defer wk.mu.Unlock()
-		return wk.nstash + len(wk.more)
-	}
+	stashed := wk.stashHeld
 	if n := stashed(); n != 1 {
 		t.Fatalf("%d tensors stashed, want 1", n)
 	}

@@ -149,9 +149,19 @@ func (w *Work) appendStash(dst []cuda.Retainer) []cuda.Retainer {
 	}
 	dst = append(dst, w.stash[:w.nstash]...)
 	dst = append(dst, w.more...)
+	// Drop the references; nstash and more's length stay as they were,
+	// for stashHeld's readers (taken says the stash is gone).
 	clear(w.stash[:w.nstash])
-	w.nstash, w.more = 0, nil
+	clear(w.more)
 	return dst
+}
+
+// stashHeld is how many tensors the stash holds: 0 once it was taken.
+func (w *Work) stashHeld() int {
+	if w.taken.Load() {
+		return 0
+	}
+	return w.nstash + len(w.more)
 }
 
 // releaseStash releases the stash now, if no one took it before (after a
