@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,22 +97,30 @@ func TestBarrierFailedCheckIsNotAnArrival(t *testing.T) {
 	}
 }
 
-// goneStore is a store that stops answering at a time (its host, rank 0
-// of InitFromEnv, gave up first and closed it).
+// goneStore is a store that stops answering once it has answered a Check
+// of a key ending in last (its host, rank 0 of InitFromEnv, gave up first and closed
+// it): keyed on the early look's last question rather than on a time, so
+// that a late timer on a loaded machine cannot make the look find the
+// store gone already.
 type goneStore struct {
 	store.Store
-	at time.Time
+	last string
+	gone *atomic.Bool
 }
 
 func (s goneStore) Check(ctx context.Context, keys ...string) (bool, error) {
-	if time.Now().After(s.at) {
+	if s.gone.Load() {
 		return false, errors.New("connection refused")
 	}
-	return s.Store.Check(ctx, keys...)
+	ok, err := s.Store.Check(ctx, keys...)
+	if slices.ContainsFunc(keys, func(k string) bool { return strings.HasSuffix(k, s.last) }) {
+		s.gone.Store(true)
+	}
+	return ok, err
 }
 
 func (s goneStore) Set(ctx context.Context, key string, v []byte) error {
-	if time.Now().After(s.at) {
+	if s.gone.Load() {
 		return errors.New("connection refused")
 	}
 	return s.Store.Set(ctx, key, v)
@@ -121,7 +130,7 @@ func (s goneStore) Set(ctx context.Context, key string, v []byte) error {
 // still named, from the look taken shortly before the deadline.
 func TestInitNamesMissingRankWhenStoreIsGone(t *testing.T) {
 	const timeout = 500 * time.Millisecond
-	st := goneStore{Store: store.NewHashStore(), at: time.Now().Add(timeout - 20*time.Millisecond)}
+	st := goneStore{Store: store.NewHashStore(), last: joinedPrefix + "1", gone: new(atomic.Bool)}
 	_, err := Init(context.Background(), Config{Store: st, Rank: 0, WorldSize: 2, Backend: "waitwire", Timeout: timeout})
 	var oe *backend.OpError
 	if !errors.As(err, &oe) || !slices.Equal(oe.Ranks, []int{1}) || !strings.Contains(err.Error(), "1 of 2 ranks joined") ||
