@@ -222,6 +222,7 @@ func (m *Mesh) failBecause(err error, root int) {
 	tell := first && !errors.Is(err, ErrClosed)
 	if first {
 		m.broken = err
+		m.isBroken.Store(true)
 		if tell {
 			// Whoever sees the mesh broken and then closes it waits for
 			// the notices (Abort, Close): they must leave first.

@@ -143,6 +143,7 @@ type Mesh struct {
 	unexpected map[key]fifo[*msg]
 	arrivals   uint64 // arrival counter, orders unexpected messages for anysource
 	broken     error
+	isBroken   atomic.Bool            // broken != nil, for Err's look without mu
 	gone       []error                // per peer: closed in order
 	failed     map[uint64]error       // tags a peer gave up (*RemoteOpError), or whose messages this rank refused
 	fps        map[uint64]Fingerprint // the running ops' fingerprints, by tag (BeginOp)
@@ -328,8 +329,12 @@ func (m *Mesh) Rank() int { return m.rank }
 // Size implements coll.Transport.
 func (m *Mesh) Size() int { return m.size }
 
-// Err returns the error that broke the mesh, or nil.
+// Err returns the error that broke the mesh, or nil. Every op asks, so
+// a mesh that is not broken answers without taking mu.
 func (m *Mesh) Err() error {
+	if !m.isBroken.Load() {
+		return nil
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.broken
