@@ -100,9 +100,10 @@ type Options struct {
 	SmallBytes int
 	// LaneBytes is the size up to which an allreduce between ranks of one
 	// host runs recursive doubling over the lanes (shared memory, in
-	// chunks) rather than direct reads of the peers' buffers. Default:
+	// chunks; at 3 or more ranks, beyond 128 KiB, a reduce-scatter and
+	// allgather) rather than direct reads of the peers' buffers. Default:
 	// 2 MiB at 2 ranks, where the lanes' copies stay in cache and beat the
-	// kernel's page-by-page reads; SmallBytes otherwise.
+	// kernel's page-by-page reads; SmallBytes at more.
 	LaneBytes int
 	// Window is how many segment receives are posted ahead (default 4).
 	Window int

@@ -24,7 +24,8 @@ import (
 // only), and a rank that decided otherwise because its size differs is
 // caught (laneCheck sees its ring message and names it).
 
-// laneBytes is the largest allreduce that takes the lanes (Options.LaneBytes):
+// laneBytes is the largest allreduce that takes the lanes (Options.LaneBytes;
+// beyond rsagMin at 3 or more ranks, a reduce-scatter and allgather):
 // beyond, direct reads (or the ring) move fewer bytes than recursive
 // doubling. Two ranks exchange the whole buffer once either way, and
 // below about 2 MiB (this host's L2) the lanes' user-space copies beat
@@ -38,11 +39,31 @@ func (b *Backend) laneBytes() int {
 	if b.cfg.WorldSize == 2 {
 		return defaultLaneBytes2
 	}
+	// Beyond SmallBytes the direct reads won or tied the lanes'
+	// reduce-scatter at 4 ranks in the rounds measured (512 KiB, 1 MiB).
 	return min(b.comm.Small, b.opts.SmallBytes)
 }
 
 // defaultLaneBytes2 is laneBytes' default at 2 ranks.
 const defaultLaneBytes2 = 2 << 20
+
+// rsagMin is the size beyond which a lane allreduce of 3 or more ranks is
+// a reduce-scatter and allgather (coll.AllreduceLanesRSAG) rather than
+// recursive doubling: it copies and reduces less (1.5 and 0.75 buffers a
+// rank at 4 ranks, against 2 and 2), which counts when ranks share
+// cores; recursive doubling sends fewer messages, which counts below. At
+// 4 ranks on 2 cores, 256 KiB took 134-180 µs (median 165) against
+// recursive doubling's 181-303 (208) and direct reads' 164-218 (170)
+// (docs/perf.md).
+const rsagMin = 128 << 10
+
+// rsagFor reports whether a lane allreduce of n bytes of elements of elem
+// bytes is a reduce-scatter and allgather: 3 or more ranks, beyond
+// rsagMin, with blocks that a lane message takes whole.
+func (b *Backend) rsagFor(n, elem int) bool {
+	w := b.cfg.WorldSize
+	return w >= 3 && n > rsagMin && (n/elem+w-1)/w*elem <= coll.RSAGMax
+}
 
 // lanesFor reports whether an allreduce of n bytes takes the lanes.
 func (b *Backend) lanesFor(n int) bool {
@@ -191,6 +212,8 @@ func (b *Backend) runAllreduceLanes(ctx context.Context, lo *laneOp, bufs [][]by
 			b.scratch = make([]byte, flatBytes)
 		}
 		err = coll.AllreduceLanesFlat(ctx, lo, buf, k, b.scratch)
+	} else if b.rsagFor(len(buf), k.ElemSize) {
+		err = coll.AllreduceLanesRSAG(ctx, lo, buf, k)
 	} else {
 		err = coll.AllreduceLanes(ctx, lo, buf, k)
 	}

@@ -204,7 +204,7 @@ func TestLaneAllreduceChunked(t *testing.T) {
 		for _, c := range []struct {
 			dt    tensor.DType
 			elems int
-		}{{tensor.Int8, 530001}, {tensor.Float16, 270001}, {tensor.Float32, 150001}, {tensor.Float64, 75001}} {
+		}{{tensor.Int8, 530001}, {tensor.Float16, 270001}, {tensor.Float32, 150001}, {tensor.Float64, 75001}, {tensor.Float32, 450001}} {
 			for _, op := range []reduceop.ReduceOp{backend.SUM, backend.MAX} {
 				if op.Type == reduceop.Max && c.dt != tensor.Float32 {
 					continue // the kernels are the lanes' either way: time under -race
@@ -236,11 +236,54 @@ func TestLaneAllreduceChunked(t *testing.T) {
 	}
 }
 
+// TestLaneAllreduceRSAG runs lane allreduces beyond 128 KiB in worlds of
+// 3 and 4, which take the reduce-scatter and allgather
+// (coll.AllreduceLanesRSAG): every reduce op on integer and floating
+// types of every width, odd counts (blocks of unequal length).
+func TestLaneAllreduceRSAG(t *testing.T) {
+	ctx := context.Background()
+	ops := []reduceop.ReduceOp{backend.SUM, backend.PRODUCT, backend.MIN, backend.MAX, backend.AVG, backend.BAND, backend.BOR, backend.BXOR}
+	for _, n := range []int{3, 4} {
+		bs := group(t, n, &cpupool.Options{Transport: "shm"})
+		for _, dt := range []tensor.DType{tensor.Int8, tensor.Int32, tensor.BFloat16, tensor.Float32, tensor.Float64} {
+			elems := (128<<10)/dt.Size() + 4001
+			for _, op := range ops {
+				if op.ValidFor(dt) != nil {
+					continue
+				}
+				each(t, bs, func(r int, b backend.Backend) error {
+					val := func(rank, i int) float64 { return float64((i+rank)%3 + 1) }
+					vals := make([]float64, elems)
+					for i := range vals {
+						vals[i] = val(r, i)
+					}
+					got, err := allreduceValues(ctx, b, dt, op, vals)
+					if err != nil {
+						return err
+					}
+					for i, v := range got {
+						if want := laneExpect(dt, op, n, func(rank int) float64 { return val(rank, i) }); v != want {
+							return fmt.Errorf("world %d %v %v rank %d: element %d = %v, want %v", n, dt, op, r, i, v, want)
+						}
+					}
+					return nil
+				})
+			}
+		}
+	}
+}
+
 // TestLaneChunkedPeerDeath: a rank that dies while its peers wait in a
 // lane allreduce that goes in chunks is named by them with ErrRemote,
 // promptly.
 func TestLaneChunkedPeerDeath(t *testing.T) {
 	expectPeerDeathRemote(t, &cpupool.Options{Transport: "shm", LaneBytes: 8 << 20}, 1<<20)
+}
+
+// TestLaneRSAGPeerDeath: a rank that dies while its peers wait in a lane
+// reduce-scatter and allgather is named by them with ErrRemote, promptly.
+func TestLaneRSAGPeerDeath(t *testing.T) {
+	expectPeerDeathRemote(t, &cpupool.Options{Transport: "shm"}, 1<<16)
 }
 
 // TestDirectAllreduce runs allreduces larger than the lanes, which ranks
