@@ -98,7 +98,7 @@ func (b *Backend) MonitoredBarrier(ctx context.Context, m backend.Meta, opts bac
 		return nil, err
 	}
 	w := b.newHandle(op, m)
-	w.enq = b.now()
+	w.enq = b.issued(m)
 	go func() { w.complete(nil, b.monitored(m, opts.WaitAllRanks)) }()
 	return w, nil
 }

@@ -188,7 +188,7 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 			}
 		}
 	}
-	w.h.enq = b.now()
+	w.h.enq = b.issued(p.m)
 	if b.fp != nil && (w.fpw.on || len(b.fp.q) > 0) {
 		return b.fpSubmitLocked(p)
 	}

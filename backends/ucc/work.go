@@ -44,7 +44,7 @@ type handle struct {
 	op      backend.Op
 	seq     uint64
 	timeout time.Duration
-	enq     time.Duration // issue (Backend.now); the start of Duration
+	enq     time.Duration // issue (Backend.issued: Meta.Issued, else Backend.now); the start of Duration and the timeout
 	rec     *work         // the op's record while it is the op's (nil after, or for an op without one); b.mu
 
 	done atomic.Bool // set once, after res and err (and end) are written

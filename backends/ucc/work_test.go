@@ -286,3 +286,36 @@ func TestSmallSlab(t *testing.T) {
 		t.Fatalf("allreduce of %d bytes gave %v...", smallBytes+4, v[:2])
 	}
 }
+
+// TestIssuedIsTheOrigin: an op whose Meta carries the dispatcher's clock
+// reading (Issued) counts its Duration, and so its timeout, from there,
+// not from a second reading in submit; without Issued the backend reads
+// the clock itself. An Issued a second back shows which origin was used.
+func TestIssuedIsTheOrigin(t *testing.T) {
+	for _, mode := range []string{FingerprintsAuto, FingerprintsOff} {
+		t.Run(mode, func(t *testing.T) {
+			b := oneRank(t, mode)
+			x := []*tensor.Tensor{tensor.New(tensor.Float32, 2)}
+			ctx := context.Background()
+			for _, issued := range []time.Duration{backend.Mono() - time.Second, 0} {
+				w, err := b.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: 1, Issued: issued}, x, backend.AllreduceOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := w.Wait(ctx); err != nil {
+					t.Fatal(err)
+				}
+				d, err := w.Duration()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if issued != 0 && d < time.Second {
+					t.Fatalf("Duration %v with Issued a second before the op; want it counted from Issued", d)
+				}
+				if issued == 0 && (d <= 0 || d >= time.Second) {
+					t.Fatalf("Duration %v without Issued; want the op's own short time", d)
+				}
+			}
+		})
+	}
+}
