@@ -540,11 +540,12 @@ func (b *Backend) collective(ctx context.Context, op backend.Op, m backend.Meta,
 	j.fp = fp
 	j.tag = b.issued.Add(1)
 	b.track(j.w)
+	h := j.h // read before the push: once queued, the job may run, complete and be reused
 	if !b.q.push(j) {
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	return j.h, nil
+	return h, nil
 }
 
 // outlasts reports whether a wait under ctx would last at least as long as

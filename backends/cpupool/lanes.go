@@ -267,11 +267,12 @@ func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.M
 	b.laneIssued++
 	b.trackLocked(j.w)
 	b.mu.Unlock()
+	h := j.h // read before the push: once queued, the job may run, complete and be reused
 	if !b.q.push(j) {
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	return j.h, nil
+	return h, nil
 }
 
 // runLane runs the lane op j in its turn, with its view of the lanes

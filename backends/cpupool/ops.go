@@ -652,11 +652,12 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 		resume()
 		return coll.Barrier(ctx, b.comm, tag)
 	}
+	h := j.h // read before the push: once queued, the job may run, complete and be reused
 	if !b.q.push(j) {
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	return j.h, nil
+	return h, nil
 }
 
 // MonitoredBarrier implements backend.Backend with Gloo's scheme (rank 0
@@ -681,8 +682,9 @@ func (b *Backend) MonitoredBarrier(ctx context.Context, m backend.Meta, opts bac
 	j.run = func(ctx context.Context, tag uint64) error {
 		return coll.MonitoredBarrier(ctx, b.comm, tag, to, opts.WaitAllRanks)
 	}
+	w := j.w // read before the run starts: see collective
 	go b.runJob(j)
-	return j.w, nil
+	return w, nil
 }
 
 // fingerprint describes an op in its frames' headers (tcpmesh.Fingerprint),

@@ -101,12 +101,13 @@ func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Te
 	j := b.newJob(ctx, op, m, nil, nil)
 	j.tag, j.peer = p2pBit|uint64(opts.Tag), dst
 	j.run = func(ctx context.Context, tag uint64) error { return b.mesh.Send(ctx, dst, tag, buf) }
-	b.track(j.w)
+	w := j.w // read before the push: see collective
+	b.track(w)
 	if !b.senders[dst].push(j) {
 		j.cancel()
 		return nil, b.usable(op, m.Seq)
 	}
-	return j.w, nil
+	return w, nil
 }
 
 // Recv implements backend.Backend. The receive is posted at once, on the
@@ -121,9 +122,10 @@ func (b *Backend) Recv(ctx context.Context, m backend.Meta, tensors []*tensor.Te
 	j.tag, j.peer = p2pBit|uint64(opts.Tag), src
 	req := b.mesh.Irecv(src, j.tag, buf)
 	j.run = func(ctx context.Context, _ uint64) error { return req.Wait(ctx) }
-	b.track(j.w)
+	w := j.w // read before the run starts: see collective
+	b.track(w)
 	go b.runJob(j)
-	return j.w, nil
+	return w, nil
 }
 
 // anyWork is the Work of RecvAnysource: a HostWork that also names the

@@ -21,8 +21,10 @@ import (
 // at the end every Work still answers for its own op (sequence number,
 // no error, duration, its own tensors as the future's value, a wait
 // that returns at once), and every tensor holds its op's sum. Run it
-// with -race: the reuse races the Work's methods. It also checks that
-// jobs are reused: the bytes allocated per op stay below a job's size.
+// with -race: the reuse races the Work's methods. Then ops that nobody
+// waits for at once, which workers run while the caller issues more (the
+// caller must not touch a queued job). It also checks that jobs are
+// reused: the bytes allocated per op stay below a job's size.
 func TestWorkOutlivesItsJob(t *testing.T) {
 	ctx := context.Background()
 	const n, ops = 2, 600
@@ -78,6 +80,34 @@ func TestWorkOutlivesItsJob(t *testing.T) {
 		return nil
 	})
 
+	// Ops that nobody waits for at once: the nudge wakes a worker, which
+	// runs them (and returns their jobs to the pool) while the caller
+	// issues the next ones; the caller must not touch a job once it is
+	// queued.
+	each(t, bs, func(r int, b backend.Backend) error {
+		var ws []backend.Work
+		var xs []*tensor.Tensor
+		for k := range 20 {
+			x := tensor.New(tensor.Float32, 2)
+			x.Fill(float64(r + k))
+			w, err := b.Allreduce(ctx, backend.Meta{Seq: uint64(ops + 1 + k), Timeout: 20 * time.Second}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+			if err != nil {
+				return err
+			}
+			ws, xs = append(ws, w), append(xs, x)
+			time.Sleep(3 * time.Millisecond) // past the nudge's longest period
+		}
+		for k, w := range ws {
+			if err := w.Wait(ctx); err != nil {
+				return err
+			}
+			if want := float64(n*k + n*(n-1)/2); xs[k].At(1) != want || w.SeqNum() != uint64(ops+1+k) {
+				return fmt.Errorf("rank %d unwaited op %d: %v, want %v (seq %d)", r, k, xs[k].At(1), want, w.SeqNum())
+			}
+		}
+		return nil
+	})
+
 	// Bytes allocated per op, both ranks: a job is 480 bytes (a size
 	// class of 512), the Work 176; with every job allocated anew the
 	// pair would take at least 1024.
@@ -85,7 +115,7 @@ func TestWorkOutlivesItsJob(t *testing.T) {
 	run := func(k int) {
 		each(t, bs, func(r int, b backend.Backend) error {
 			for i := range k {
-				w, err := b.Allreduce(ctx, backend.Meta{Seq: uint64(ops + 1 + i), Timeout: 20 * time.Second}, x[r:r+1], backend.AllreduceOptions{})
+				w, err := b.Allreduce(ctx, backend.Meta{Seq: uint64(ops + 21 + i), Timeout: 20 * time.Second}, x[r:r+1], backend.AllreduceOptions{})
 				if err != nil {
 					return err
 				}
