@@ -472,7 +472,7 @@ func (b *Backend) newJob(ctx context.Context, op backend.Op, m backend.Meta, out
 	to := m.Timeout
 	j := b.jobs.get()
 	j.op, j.seq, j.peer, j.timeout, j.outputs, j.run = op, m.Seq, -1, to, outputs, run
-	j.jc.init(ctx, to)
+	j.jc.init(ctx, to, m.Issued) // the timeout runs from the dispatcher's issue
 	j.ctx = &j.jc
 	// The Work is the op's one allocation (docs/perf.md, issue 17): the
 	// job comes from the pool, and goes back to it once the op is done.

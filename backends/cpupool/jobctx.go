@@ -41,11 +41,12 @@ const (
 	ctxExpired  = 2
 )
 
-// init sets c up with ctx's values and a deadline timeout from now (none
-// when timeout <= 0). The parent is context.WithoutCancel(ctx), so that
-// what looks for a cancelable ancestor through Value (context.Cause, a
-// derived context) finds none rather than the caller's.
-func (c *jobCtx) init(ctx context.Context, timeout time.Duration) {
+// init sets c up with ctx's values and a deadline timeout after issued
+// (a backend.Mono reading; zero: now), none when timeout <= 0. The parent
+// is context.WithoutCancel(ctx), so that what looks for a cancelable
+// ancestor through Value (context.Cause, a derived context) finds none
+// rather than the caller's.
+func (c *jobCtx) init(ctx context.Context, timeout, issued time.Duration) {
 	c.parent = ctx
 	if ctx.Done() != nil {
 		// Background and the like (no Done) have no cancelable ancestor:
@@ -53,8 +54,13 @@ func (c *jobCtx) init(ctx context.Context, timeout time.Duration) {
 		c.parent = context.WithoutCancel(ctx)
 	}
 	if timeout > 0 {
-		// One monotonic clock read (time.Now reads the wall clock too).
-		c.deadline = backend.MonoTime(backend.Mono() + timeout)
+		// The dispatcher's reading of the clock when it has one
+		// (Meta.Issued), else one monotonic read (time.Now reads the
+		// wall clock too).
+		if issued == 0 {
+			issued = backend.Mono()
+		}
+		c.deadline = backend.MonoTime(issued + timeout)
 	}
 }
 

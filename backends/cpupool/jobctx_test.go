@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/gocoll/gocoll/backend"
 )
 
 type ctxKey struct{}
@@ -18,7 +20,7 @@ func TestJobCtx(t *testing.T) {
 	stop() // the job outlives its caller's context
 
 	var c jobCtx
-	c.init(parent, 30*time.Millisecond)
+	c.init(parent, 30*time.Millisecond, 0)
 	if c.Err() != nil {
 		t.Fatalf("fresh context: Err %v", c.Err())
 	}
@@ -47,7 +49,11 @@ func TestJobCtx(t *testing.T) {
 
 	// Done asked first: the timer closes it.
 	var d jobCtx
-	d.init(context.Background(), 20*time.Millisecond)
+	issued := backend.Mono() - 10*time.Millisecond // the dispatcher's reading (Meta.Issued)
+	d.init(context.Background(), 20*time.Millisecond, issued)
+	if dl, ok := d.Deadline(); !ok || !dl.Equal(backend.MonoTime(issued+20*time.Millisecond)) {
+		t.Fatalf("deadline %v, want 20 ms after the issue", dl)
+	}
 	child, cc := context.WithCancel(&d)
 	defer cc()
 	select {
@@ -61,7 +67,7 @@ func TestJobCtx(t *testing.T) {
 
 	// No deadline: only cancel ends it, and closes a Done made before.
 	var e jobCtx
-	e.init(context.Background(), 0)
+	e.init(context.Background(), 0, 0)
 	if _, ok := e.Deadline(); ok {
 		t.Fatal("deadline without a timeout")
 	}
@@ -83,7 +89,7 @@ func TestJobCtx(t *testing.T) {
 func TestJobCtxRace(t *testing.T) {
 	for i := range 2000 {
 		var c jobCtx
-		c.init(context.Background(), time.Duration(i%3)*time.Microsecond)
+		c.init(context.Background(), time.Duration(i%3)*time.Microsecond, 0)
 		start := make(chan struct{})
 		got := make(chan (<-chan struct{}), 1)
 		go func() { <-start; got <- c.Done() }()
