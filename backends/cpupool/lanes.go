@@ -39,10 +39,22 @@ func (b *Backend) laneBytes() int {
 	if b.cfg.WorldSize == 2 {
 		return defaultLaneBytes2
 	}
-	// Beyond SmallBytes the direct reads won or tied the lanes'
-	// reduce-scatter at 4 ranks in the rounds measured (512 KiB, 1 MiB).
-	return min(b.comm.Small, b.opts.SmallBytes)
+	lanes := min(b.comm.Small, b.opts.SmallBytes)
+	if b.mesh.Oversubscribed() {
+		// With more ranks than cores, the lanes' reduce-scatter beat the
+		// direct reads at 1 MiB: 4 ranks on 2 cores, a quiet machine, 5
+		// interleaved rounds, 617-746 µs against 745-842 (Open MPI
+		// 702-789 in the same runs); 512 KiB tied (docs/perf.md, end of
+		// session 4). With a core per rank, the direct reads won or tied
+		// at 512 KiB and 1 MiB, and keep everything beyond SmallBytes.
+		lanes = max(lanes, defaultLaneBytesOversubscribed)
+	}
+	return lanes
 }
+
+// defaultLaneBytesOversubscribed is laneBytes' least default at 3 or
+// more ranks when they outnumber the host's cores.
+const defaultLaneBytesOversubscribed = 1 << 20
 
 // defaultLaneBytes2 is laneBytes' default at 2 ranks.
 const defaultLaneBytes2 = 2 << 20
