@@ -42,28 +42,13 @@ func TestLaneAllreduce(t *testing.T) {
 					continue // bool's AVG is the ring's kernel too: collectives_test covers it
 				}
 				each(t, bs, func(r int, b backend.Backend) error {
-					const elems = 37
 					val := func(rank, i int) float64 {
 						if dt == tensor.Bool {
 							return float64((i + rank) % 2)
 						}
 						return float64((i+rank)%3 + 1)
 					}
-					vals := make([]float64, elems)
-					for i := range vals {
-						vals[i] = val(r, i)
-					}
-					got, err := allreduceValues(ctx, b, dt, op, vals)
-					if err != nil {
-						return err
-					}
-					for i, v := range got {
-						want := laneExpect(dt, op, n, func(rank int) float64 { return val(rank, i) })
-						if v != want && !(dt == tensor.Bool && (v != 0) == (want != 0)) {
-							return fmt.Errorf("world %d %v %v rank %d: element %d = %v, want %v", n, dt, op, r, i, v, want)
-						}
-					}
-					return nil
+					return checkLaneValues(ctx, b, dt, op, n, r, 37, val)
 				})
 			}
 		}
@@ -252,25 +237,32 @@ func TestLaneAllreduceRSAG(t *testing.T) {
 					continue
 				}
 				each(t, bs, func(r int, b backend.Backend) error {
-					val := func(rank, i int) float64 { return float64((i+rank)%3 + 1) }
-					vals := make([]float64, elems)
-					for i := range vals {
-						vals[i] = val(r, i)
-					}
-					got, err := allreduceValues(ctx, b, dt, op, vals)
-					if err != nil {
-						return err
-					}
-					for i, v := range got {
-						if want := laneExpect(dt, op, n, func(rank int) float64 { return val(rank, i) }); v != want {
-							return fmt.Errorf("world %d %v %v rank %d: element %d = %v, want %v", n, dt, op, r, i, v, want)
-						}
-					}
-					return nil
+					return checkLaneValues(ctx, b, dt, op, n, r, elems, func(rank, i int) float64 { return float64((i+rank)%3 + 1) })
 				})
 			}
 		}
 	}
+}
+
+// checkLaneValues is one rank's part (rank r of n) in an allreduce of op
+// over elems values of dt, val(rank, i) on each rank: it fails unless every
+// element is laneExpect's answer (for bool, its truth).
+func checkLaneValues(ctx context.Context, b backend.Backend, dt tensor.DType, op reduceop.ReduceOp, n, r, elems int, val func(rank, i int) float64) error {
+	vals := make([]float64, elems)
+	for i := range vals {
+		vals[i] = val(r, i)
+	}
+	got, err := allreduceValues(ctx, b, dt, op, vals)
+	if err != nil {
+		return err
+	}
+	for i, v := range got {
+		want := laneExpect(dt, op, n, func(rank int) float64 { return val(rank, i) })
+		if v != want && !(dt == tensor.Bool && (v != 0) == (want != 0)) {
+			return fmt.Errorf("world %d %v %v rank %d: element %d = %v, want %v", n, dt, op, r, i, v, want)
+		}
+	}
+	return nil
 }
 
 // TestLaneChunkedPeerDeath: a rank that dies while its peers wait in a
