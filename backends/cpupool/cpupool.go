@@ -147,9 +147,10 @@ type Backend struct {
 	comm *coll.Comm
 	pool coll.Pool
 
-	spin time.Duration // the mesh's PollSpin in effect
-	jobs jobPool       // the jobs of completed lane allreduces (work.go)
-	flat bool          // small lane allreduces take one exchange (lanes.go, flatFor)
+	spin  time.Duration // the mesh's PollSpin in effect
+	jobs  jobPool       // the jobs of completed lane allreduces (work.go)
+	flat  bool          // small lane allreduces take one exchange (lanes.go, flatFor)
+	lanes int           // the largest allreduce that takes the lanes (laneBytes), fixed at set-up
 	// scratch is the flat lane allreduce's copy of this rank's
 	// contribution; lane ops run one at a time, so one is enough.
 	scratch []byte
@@ -226,6 +227,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	b.spin = mesh.PollSpin()
 	b.flat = mesh.Oversubscribed()
 	b.comm = &coll.Comm{T: mesh, Pool: &b.pool, Segment: opts.SegmentBytes, Window: opts.Window, Small: opts.SmallBytes}
+	b.lanes = b.laneBytes()
 	for range opts.Threads {
 		b.wg.Add(1)
 		go b.worker()

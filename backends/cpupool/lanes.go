@@ -25,8 +25,9 @@ import (
 // caught (laneCheck sees its ring message and names it).
 
 // laneBytes is the largest allreduce that takes the lanes (Options.LaneBytes;
-// beyond rsagMin at 3 or more ranks, a reduce-scatter and allgather):
-// beyond, direct reads (or the ring) move fewer bytes than recursive
+// beyond rsagMin at 3 or more ranks, a reduce-scatter and allgather),
+// worked out once at set-up into b.lanes, which every op reads. Beyond
+// it, direct reads (or the ring) move fewer bytes than recursive
 // doubling. Two ranks exchange the whole buffer once either way, and
 // below about 2 MiB (this host's L2) the lanes' user-space copies beat
 // the kernel's reads, which pin and copy the peer's pages one by one: at
@@ -79,14 +80,14 @@ func (b *Backend) rsagFor(n, elem int) bool {
 
 // lanesFor reports whether an allreduce of n bytes takes the lanes.
 func (b *Backend) lanesFor(n int) bool {
-	return b.cfg.WorldSize > 1 && b.mesh.Lanes() && n > 0 && n <= b.laneBytes()
+	return b.cfg.WorldSize > 1 && b.mesh.Lanes() && n > 0 && n <= b.lanes
 }
 
 // directFor reports whether an allreduce of n bytes reads its peers'
 // buffers in place (coll.AllreduceDirect): beyond the lanes' size, on a
 // host whose ranks may read each other's memory.
 func (b *Backend) directFor(n int) bool {
-	return b.cfg.WorldSize > 1 && b.mesh.Direct() && n > b.laneBytes()
+	return b.cfg.WorldSize > 1 && b.mesh.Direct() && n > b.lanes
 }
 
 // directPiece is how much of a peer's block a direct allreduce reads
