@@ -44,7 +44,9 @@ const (
 // --backend for each --op, size and world size, printed as nccl-tests'
 // table with each peer's time and the ratio beside ours. The peers run in
 // the same invocation, one after the other (with --repeat R, R times
-// interleaved, each size keeping its fastest run): on the CPU torch's gloo
+// interleaved, each size keeping its fastest run; with --by-size one size
+// at a time, every series taking turns at it, with the turns' ratios:
+// bench_turns.go): on the CPU torch's gloo
 // (python/bench_torch.py) and Open MPI (benchc/bench-mpi.c, compiled with
 // mpicc at run time), for ucc also the raw libucc loop
 // (benchc/ucc-bench-raw.c) and cpupool; on the GPU raw NCCL on the
@@ -100,7 +102,11 @@ func bench(args []string) error {
 	fs.StringVar(&pf.mpirun, "mpirun", "mpirun --allow-run-as-root --oversubscribe", "the mpirun command line (-np N and the program are appended)")
 	fs.StringVar(&pf.rawBin, "raw-bin", "", "a ucc-bench-raw built beforehand, for a machine without gcc or the ucc headers (the GPU machine)")
 	fs.StringVar(&pf.mpiPrebuilt, "mpi-bin", "", "a bench-mpi built beforehand with mpicc, for a machine without mpicc")
-	repeat := fs.Int("repeat", 1, "run every series this many times, interleaved; each size keeps its fastest run")
+	repeat := fs.Int("repeat", 1, "run every series this many times, interleaved; each size keeps its fastest run (with --by-size: the turns per size)")
+	bySize := fs.Bool("by-size", false, "one size at a time: for each size, ours and every peer take turns --repeat times, one launch each "+
+		"(ours first in odd turns, last in even ones), and a turns table gives each turn's ratio ours / peer and their median "+
+		"(the ≤ 1 µs and ≤ 5 % goal lines of the raw libucc loop then read the medians); see docs/perf.md's ucc section")
+	pinList := fs.String("pin", "", "CPU lists, comma-separated (taskset --cpu-list entries: 3 or 2-5): rank r of ours, of the raw libucc loop and of cpupool runs on entry r mod their number, the same for every series")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -136,6 +142,13 @@ func bench(args []string) error {
 	if err != nil {
 		return err
 	}
+	pin, err := parsePin(*pinList)
+	if err != nil {
+		return err
+	}
+	if *bySize && *repeat < 2 {
+		return fmt.Errorf("--by-size needs --repeat 2 or more (the turns per size; 5 or more for a median worth reading)")
+	}
 	setN := false
 	fs.Visit(func(f *flag.Flag) { setN = setN || f.Name == "n" })
 	if slices.Contains(peers, rawName) && !setN {
@@ -161,19 +174,24 @@ func bench(args []string) error {
 	defer os.RemoveAll(dir)
 	sz := joinInts(sizes)
 	opsArg := strings.Join(ops, ",")
-	common := []string{"--op", opsArg, "--sizes", sz, "-n", strconv.Itoa(*iters), "-w", strconv.Itoa(*warmup), "--iters", fmt.Sprint(*scale)}
-	if *check == 1 {
-		common = append(common, "-c")
+	// common is the flags every rank program takes, for the sizes of one
+	// launch (all of them, or one with --by-size).
+	common := func(sz string) []string {
+		c := []string{"--op", opsArg, "--sizes", sz, "-n", strconv.Itoa(*iters), "-w", strconv.Itoa(*warmup), "--iters", fmt.Sprint(*scale)}
+		if *check == 1 {
+			c = append(c, "-c")
+		}
+		return c
 	}
 	wrap := strings.Fields(pf.wrap)
-	rankCmd := func(name string, ours bool) func(int) []string {
+	rankCmd := func(name string, ours bool, sz string) func(int) []string {
 		return func(int) []string {
 			var argv []string
 			if name == "ucc" {
 				argv = append(argv, wrap...) // cpupool and nccl run on this machine
 			}
 			argv = append(argv, exe, "bench-rank", "--backend", name, "--threads", strconv.Itoa(*threads))
-			argv = append(argv, common...)
+			argv = append(argv, common(sz)...)
 			if ours {
 				if slices.Contains(peers, rawNCCLName) {
 					argv = append(argv, "--raw-nccl")
@@ -183,8 +201,8 @@ func bench(args []string) error {
 			return argv
 		}
 	}
-	oursSeries := benchSeries{name: *be, launch: func(n int, pr *progress) ([]benchSample, error) {
-		return launchBench(n, rankCmd(*be, true), true, *be, pr)
+	oursSeries := benchSeries{name: *be, launch: func(n int, sz string, pr *progress) ([]benchSample, error) {
+		return launchBench(n, rankCmd(*be, true, sz), true, *be, pin, pr)
 	}}
 	if slices.Contains(peers, rawNCCLName) {
 		oursSeries.also = []string{rawNCCLName}
@@ -199,7 +217,7 @@ func bench(args []string) error {
 			pf.raw = true
 			mpi := pf.mpi
 			pf.mpi = false // compiled below, with its own series
-			raw, err := pf.series(dir, "ucc", sz, fmt.Sprint(*scale), wrap)
+			raw, err := pf.series(dir, "ucc", fmt.Sprint(*scale), wrap, pin)
 			pf.mpi = mpi
 			if err != nil {
 				return err
@@ -209,8 +227,8 @@ func bench(args []string) error {
 			}
 			series = append(series, raw...)
 		case cpupool.Name:
-			series = append(series, benchSeries{name: cpupool.Name, launch: func(n int, pr *progress) ([]benchSample, error) {
-				return launchBench(n, rankCmd(cpupool.Name, false), true, cpupool.Name, pr)
+			series = append(series, benchSeries{name: cpupool.Name, launch: func(n int, sz string, pr *progress) ([]benchSample, error) {
+				return launchBench(n, rankCmd(cpupool.Name, false, sz), true, cpupool.Name, pin, pr)
 			}})
 		case glooName, torchName:
 			torchScript := *script
@@ -224,14 +242,14 @@ func bench(args []string) error {
 				tbe = "nccl"
 			}
 			name, pyBin := p, *py
-			series = append(series, benchSeries{name: name, launch: func(n int, pr *progress) ([]benchSample, error) {
+			series = append(series, benchSeries{name: name, launch: func(n int, sz string, pr *progress) ([]benchSample, error) {
 				return launchBench(1, func(port int) []string {
-					return append([]string{pyBin, torchScript, "--backend", tbe, "--series", name, "--nproc", strconv.Itoa(n), "--port", strconv.Itoa(port)}, common...)
-				}, false, name, pr)
+					return append([]string{pyBin, torchScript, "--backend", tbe, "--series", name, "--nproc", strconv.Itoa(n), "--port", strconv.Itoa(port)}, common(sz)...)
+				}, false, name, nil, pr)
 			}})
 		case mpiName:
 			pf.mpi = true
-			if _, err := pf.series(dir, "", sz, "", nil); err != nil {
+			if _, err := pf.series(dir, "", "", nil, nil); err != nil {
 				return err
 			}
 			series = append(series, pf.mpiSeries(common))
@@ -252,30 +270,61 @@ func bench(args []string) error {
 	for _, n := range ns {
 		pr := newProgress(series, ops, sizes, n, *repeat)
 		res := map[sampleKey]benchRow{}
-		for range max(1, *repeat) {
-			for i, s := range series {
-				samples, err := s.launch(n, pr)
-				if err != nil {
-					err = fmt.Errorf("%s bench, %d ranks: %w", s.name, n, err)
-					if i == 0 {
+		var turns []benchTurn
+		// one launches series i (s) at the sizes sz, folds its rows into
+		// res and returns them; the error is ours failing (the whole
+		// command fails), a peer's is kept in peerErrs.
+		one := func(i int, s benchSeries, sz string) (map[sampleKey]benchRow, error) {
+			samples, err := s.launch(n, sz, pr)
+			if err != nil {
+				err = fmt.Errorf("%s bench, %d ranks: %w", s.name, n, err)
+				if i == 0 {
+					return nil, err
+				}
+				// A failing peer costs its columns, not the tables.
+				fmt.Fprintf(os.Stderr, "conftest bench: %v\n", err)
+				peerErrs = append(peerErrs, err)
+			}
+			rows := aggregate(samples, n)
+			for k, row := range rows {
+				if have, ok := res[k]; ok {
+					row = faster(have, row)
+				}
+				res[k] = row
+			}
+			return rows, nil
+		}
+		if *bySize {
+			for _, b := range sizes {
+				for t := range *repeat {
+					for _, i := range turnOrder(len(series), t) {
+						rows, err := one(i, series[i], strconv.Itoa(b))
+						if err != nil {
+							pr.done()
+							return err
+						}
+						turns = append(turns, turnsOf(rows, series[i], t+1)...)
+					}
+				}
+			}
+		} else {
+			for range max(1, *repeat) {
+				for i, s := range series {
+					if _, err := one(i, s, sz); err != nil {
 						pr.done()
 						return err
 					}
-					// A failing peer costs its columns, not the tables.
-					fmt.Fprintf(os.Stderr, "conftest bench: %v\n", err)
-					peerErrs = append(peerErrs, err)
-				}
-				for k, row := range aggregate(samples, n) {
-					if have, ok := res[k]; ok {
-						row = faster(have, row)
-					}
-					res[k] = row
 				}
 			}
 		}
 		pr.done()
 		for _, op := range ops {
-			rep := benchReport{Op: op, Backend: *be, NProc: n, Iters: *iters, Warmup: *warmup, Check: *check == 1, Repeat: max(1, *repeat), Machine: machineJSON}
+			rep := benchReport{Op: op, Backend: *be, NProc: n, Iters: *iters, Warmup: *warmup, Check: *check == 1, Repeat: max(1, *repeat), BySize: *bySize, Machine: machineJSON}
+			for _, t := range turns {
+				if t.Op == op {
+					rep.Turns = append(rep.Turns, t)
+				}
+			}
 			for _, s := range series {
 				for _, name := range append([]string{s.name}, s.also...) {
 					var rows []benchRow
@@ -290,6 +339,7 @@ func bench(args []string) error {
 				}
 			}
 			writeTable(os.Stdout, &rep)
+			writeTurns(os.Stdout, &rep)
 			wrong += rep.wrongTotal()
 			file.Reports = append(file.Reports, rep)
 		}
@@ -421,7 +471,9 @@ func parseBytes(s string) (int, error) {
 // launchBench starts n processes (torchrun's variables when env) and
 // collects the result lines of all of them; lines in the older format
 // belong to series def.
-func launchBench(n int, command func(port int) []string, env bool, def string, pr *progress) ([]benchSample, error) {
+//
+// With pin (--pin), rank r runs under taskset on pin[r mod len(pin)].
+func launchBench(n int, command func(port int) []string, env bool, def string, pin []string, pr *progress) ([]benchSample, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -436,6 +488,9 @@ func launchBench(n int, command func(port int) []string, env bool, def string, p
 	errs := make([]error, n)
 	for r := range n {
 		argv := command(port)
+		if len(pin) > 0 {
+			argv = append([]string{"taskset", "--cpu-list", pin[r%len(pin)]}, argv...)
+		}
 		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 		if env {
 			cmd.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "LOCAL_RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(n),

@@ -28,8 +28,9 @@ type benchSeries struct {
 	also []string
 	// ops are the ops it runs, where not all of them (the raw libucc loop:
 	// allreduce).
-	ops    []string
-	launch func(n int, pr *progress) ([]benchSample, error)
+	ops []string
+	// launch runs it at n ranks over the sizes sz (comma-separated).
+	launch func(n int, sz string, pr *progress) ([]benchSample, error)
 }
 
 // rawName is the raw libucc loop's series.
@@ -52,7 +53,7 @@ type peerFlags struct {
 // series compiles what the C peers need into dir and returns the raw
 // libucc loop's series (for --backend ucc with --raw); the MPI program is
 // compiled here too, so a missing compiler fails before any run.
-func (pf *peerFlags) series(dir, be, sizes, iters string, wrap []string) ([]benchSeries, error) {
+func (pf *peerFlags) series(dir, be, iters string, wrap, pin []string) ([]benchSeries, error) {
 	var out []benchSeries
 	if be == "ucc" {
 		// The backend sets UCC's pool size for itself when it is unset
@@ -74,23 +75,24 @@ func (pf *peerFlags) series(dir, be, sizes, iters string, wrap []string) ([]benc
 			return nil, err
 		}
 		thread := pf.rawThread
-		// bench-rank queues its ops over hostWindow buffers at once; the
-		// raw loop queues as many, so that both run the same pattern.
-		maxBytes := 0
-		for _, f := range strings.Split(sizes, ",") {
-			b, err := strconv.Atoi(f)
-			if err != nil {
-				return nil, fmt.Errorf("raw libucc loop: bad size %q", f)
+		out = append(out, benchSeries{name: rawName, launch: func(n int, sizes string, pr *progress) ([]benchSample, error) {
+			// bench-rank queues its ops over hostWindow buffers of the
+			// launch's largest size at once; the raw loop queues as many,
+			// so that both run the same pattern.
+			maxBytes := 0
+			for _, f := range strings.Split(sizes, ",") {
+				b, err := strconv.Atoi(f)
+				if err != nil {
+					return nil, fmt.Errorf("raw libucc loop: bad size %q", f)
+				}
+				maxBytes = max(maxBytes, b)
 			}
-			maxBytes = max(maxBytes, b)
-		}
-		window := hostWindow(maxBytes)
-		out = append(out, benchSeries{name: rawName, launch: func(n int, pr *progress) ([]benchSample, error) {
+			window := hostWindow(maxBytes)
 			return launchBench(n, func(port int) []string {
 				shm := fmt.Sprintf("/dev/shm/gocoll-ucc-bench-raw-%d-%d", os.Getpid(), port)
 				return append(append([]string{}, wrap...), bin, "--sizes", sizes, "--iters", iters, "--thread", thread, "--shm", shm,
 					"--window", strconv.Itoa(window))
-			}, true, rawName, pr)
+			}, true, rawName, pin, pr)
 		}})
 	}
 	if pf.mpi {
@@ -145,11 +147,11 @@ func isExecutable(path, flag string) error {
 
 // mpiSeries runs the compiled MPI program under mpirun, one launcher
 // process for all ranks, with bench-rank's flags (common).
-func (pf *peerFlags) mpiSeries(common []string) benchSeries {
-	return benchSeries{name: mpiName, launch: func(n int, pr *progress) ([]benchSample, error) {
+func (pf *peerFlags) mpiSeries(common func(sz string) []string) benchSeries {
+	return benchSeries{name: mpiName, launch: func(n int, sz string, pr *progress) ([]benchSample, error) {
 		return launchBench(1, func(int) []string {
-			return append(append(strings.Fields(pf.mpirun), "-np", strconv.Itoa(n), pf.mpiBin), common...)
-		}, false, mpiName, pr)
+			return append(append(strings.Fields(pf.mpirun), "-np", strconv.Itoa(n), pf.mpiBin), common(sz)...)
+		}, false, mpiName, nil, pr)
 	}}
 }
 

@@ -141,6 +141,10 @@ type benchReport struct {
 	// interleaved runs.
 	Repeat int                 `json:"repeat"`
 	Series []benchSeriesResult `json:"series"`
+	// BySize is --by-size: the series took turns one size at a time, and
+	// Turns holds every turn's time (bench_turns.go).
+	BySize bool        `json:"by_size,omitempty"`
+	Turns  []benchTurn `json:"turns,omitempty"`
 	// Machine is the machine section's lines (GPUs, driver and NCCL
 	// from NVML, or why there are none: gpus.go's printMachine).
 	Machine json.RawMessage `json:"machine,omitempty"`
@@ -372,7 +376,10 @@ func writeTable(w io.Writer, r *benchReport) {
 		warm = "adaptive" // a tenth of the adaptive count
 	}
 	fmt.Fprintf(bw, "#\n# %s, %s, %d ranks, float; -n %s -w %s -c %d", r.Op, ours.Name, r.NProc, itersText(r.Iters), warm, b2i(r.Check))
-	if r.Repeat > 1 {
+	switch {
+	case r.BySize:
+		fmt.Fprintf(bw, "; fastest of %d turns per size (the turns table below has each)", r.Repeat)
+	case r.Repeat > 1:
 		fmt.Fprintf(bw, "; fastest of %d interleaved runs", r.Repeat)
 	}
 	fmt.Fprintf(bw, "\n# time: per op, iterations queued back to back, one sync at the end, mean over ranks\n#\n")
@@ -438,6 +445,9 @@ func writeTable(w io.Writer, r *benchReport) {
 	}
 	if nBus > 0 {
 		fmt.Fprintf(bw, "# Avg bus bandwidth (%s): %.4g GB/s\n", ours.Name, sumBus/float64(nBus))
+	}
+	if r.BySize {
+		return // the goals read the turns' medians (writeTurns), not the fastest runs
 	}
 	for _, g := range goals {
 		fmt.Fprintln(bw, "goal:", g)

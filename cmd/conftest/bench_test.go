@@ -484,6 +484,9 @@ func TestBenchBadInput(t *testing.T) {
 		{[]string{"--peers", "nccl-tests"}, `"nccl-tests"`},
 		{[]string{"--peers", "cpupool"}, "that is the backend measured"},
 		{[]string{"extra"}, `unknown bench subcommand "extra"`},
+		{[]string{"--by-size"}, "--by-size needs --repeat 2 or more"},
+		{[]string{"--pin", "0,a"}, `bad --pin entry "a"`},
+		{[]string{"--pin", "1-"}, `bad --pin entry "1-"`},
 	} {
 		err := bench(c.args)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
