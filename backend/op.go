@@ -52,6 +52,15 @@ func (o Op) Info() OpInfo {
 	return opTable[o]
 }
 
+// Kind returns the op's kind (Info().Kind), without copying its table
+// entry: the dispatcher asks it for every op it numbers.
+func (o Op) Kind() OpKind {
+	if o >= numOps {
+		return Collective
+	}
+	return opTable[o].Kind
+}
+
 // String returns the op's spec name.
 func (o Op) String() string { return o.Info().Name }
 

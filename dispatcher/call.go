@@ -79,46 +79,58 @@ func (pg *ProcessGroup) hooked() bool {
 	return h != nil && len(*h) > 0
 }
 
-// observed reports whether anything looks at the op's tensors and peer:
-// the flight recorder or hooks. The generated methods fill opCall's in,
-// out and peer only then.
-func (pg *ProcessGroup) observed() bool {
-	return pg.frg != nil || pg.hooked()
-}
-
 // opCall is one op in flight through the dispatcher. It lives on the
-// issuing goroutine's stack: nothing of it is allocated.
+// issuing goroutine's stack: nothing of it is allocated. It is kept small
+// and filled in place (begin), field by field: the generated methods zero
+// it once, and no part of it is copied whole.
 type opCall struct {
 	meta    backend.Meta
 	backend backend.Backend
-	// info is built only while hooks are set.
-	info OpInfo
-	// Set only while observed: the op's tensor arguments (its inputs and
-	// its outputs, each as the generated method passes them) and its peer
-	// (-1 for an op without one).
-	in, out targ
-	peer    int
-	// p2pSeq is the p2p counter after this op (OpInfo.P2PSeq).
-	p2pSeq uint64
-	// mono is when the op was numbered, on the backend.Mono clock: the
-	// one clock read per op, shared by the recorder and the metrics; 0
-	// when neither needs it.
-	mono time.Duration
-	// Set only while metrics are on: the device type, and mono when the
-	// metrics time the op (else 0).
+	// bname is the backend's Name, asked once when its slot was filled:
+	// the recorder's label, with no call per op.
+	bname string
+	// hooks are the group's hooks as begin found them (nil for none):
+	// the op's pre and post hooks are the same set.
+	hooks *[]Hooks
+	// peer is the op's peer, -1 for an op without one. (The op's tensor
+	// arguments are not here: the generated methods pass pre and post
+	// pointers to their views, on their stacks. A pointer to them in an
+	// opCall would move them to the heap, as escape analysis follows the
+	// struct's fields as one: its strings and hooks leak to the hooks.)
+	peer int
+	// collSeq and p2pSeq are the counters after this op (OpInfo's), set
+	// only while the recorder or hooks are on.
+	collSeq, p2pSeq uint64
+	// Set only while metrics are on: the device type, and the op's
+	// meta.Issued when the metrics time the op (else 0).
 	dt     tensor.DeviceType
 	issued time.Duration
+	// Set only while hooked: the op's device and the hooks' issue time
+	// (OpInfo.Device and Issued; its monotonic reading is meta.Issued).
+	dev tensor.Device
+	now time.Time
 }
 
-// checker starts the argument checks of op, failing at once when the group
-// is closed or this process is not a member.
-func (pg *ProcessGroup) checker(op backend.Op) checker {
-	c := checker{op: op, rank: pg.rank, size: pg.size}
-	if pg.rank < 0 || pg.closed.Load() {
-		c.err = pg.refusal(op) // out of line, so that checker inlines
-	}
-	return c
+// info builds the OpInfo the hooks see, of the op c with the tensor
+// arguments in and out (nil for a role the op lacks).
+func (pg *ProcessGroup) info(c *opCall, in, out *targ) OpInfo {
+	return OpInfo{Group: pg.name, GroupDesc: pg.desc, GroupSize: pg.size, Rank: pg.rank, Op: c.meta.Op,
+		Backend: c.bname, Device: c.dev, Seq: c.meta.Seq, CollSeq: c.collSeq, P2PSeq: c.p2pSeq, Peer: c.peer,
+		Inputs: flatten(in), Outputs: flatten(out), Timeout: c.meta.Timeout, Issued: c.now}
 }
+
+// start begins the argument checks of op (c is the generated method's
+// zero checker), failing at once when the group is closed or this
+// process is not a member.
+func (c *checker) start(pg *ProcessGroup, op backend.Op) {
+	c.op, c.rank, c.size = op, pg.rank, pg.size
+	if pg.rank < 0 || pg.closed.Load() {
+		c.refuse(pg) // out of line, so that start inlines
+	}
+}
+
+// refuse fails c with the group's refusal.
+func (c *checker) refuse(pg *ProcessGroup) { c.err = pg.refusal(c.op) }
 
 // refusal is the error of an op on a group this process is not a member
 // of, or that is closed.
@@ -168,97 +180,124 @@ func (pg *ProcessGroup) barrierDevice(op backend.Op, deviceIDs []int) tensor.Dev
 // begin picks the backend for dev and numbers the op, filling call (a
 // zero opCall on the caller's stack).
 func (pg *ProcessGroup) begin(ctx context.Context, call *opCall, op backend.Op, dev tensor.Device, timeout time.Duration) error {
-	b, err := pg.Backend(dev.Type)
-	if err != nil {
+	var s *slot
+	if int(dev.Type) < len(pg.backends) {
+		s = &pg.backends[dev.Type]
+	}
+	if s == nil || s.name == "" || s.err != nil || s.b == nil {
+		_, err := pg.Backend(dev.Type)
 		return &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrUnavailable, Err: err}
 	}
-	if ops := pg.backends[dev.Type].ops; ops != nil {
-		b = ops // the debug check, when it is on
+	call.backend, call.bname = s.b, s.bname
+	if s.ops != nil {
+		call.backend = s.ops // the debug check, when it is on
 	}
 	if timeout == 0 {
 		timeout = pg.timeout
 	}
-	var seq, coll, p2p uint64
-	if op.Info().Kind == backend.P2P {
+	var seq uint64
+	p2p := op.Kind() == backend.P2P
+	if p2p {
 		seq = pg.p2pSeq.Add(1)
-		coll, p2p = pg.collSeq.Load(), seq
 	} else {
 		seq = pg.collSeq.Add(1)
-		coll, p2p = seq, pg.p2pSeq.Load()
 	}
-	call.meta = backend.Meta{Op: op, Seq: seq, Timeout: timeout}
-	call.backend, call.peer, call.p2pSeq = b, -1, p2p
+	call.meta.Op, call.meta.Seq, call.meta.Timeout = op, seq, timeout
+	call.peer = -1
+	hooks := pg.hooks.Load()
+	if hooks != nil && len(*hooks) == 0 {
+		hooks = nil
+	}
+	if pg.frg != nil || hooks != nil {
+		if p2p {
+			call.collSeq, call.p2pSeq = pg.collSeq.Load(), seq
+		} else {
+			call.collSeq, call.p2pSeq = seq, pg.p2pSeq.Load()
+		}
+	}
 	// The metrics time one op in metricsEvery (a power of two) by its
 	// sequence number, so every rank times the same ops, and a clock read
 	// (~45 ns on a virtual machine) is not paid for each.
-	timed := pg.metrics != nil && seq&(pg.metricsEvery-1) == 0
+	timed := false
 	if pg.metrics != nil {
 		call.dt = dev.Type
+		timed = seq&(pg.metricsEvery-1) == 0
 	}
-	if pg.hooked() {
-		now := time.Now()
-		call.info = OpInfo{Group: pg.name, GroupDesc: pg.desc, GroupSize: pg.size, Rank: pg.rank, Op: op,
-			Backend: b.Name(), Device: dev, Seq: seq, CollSeq: coll, P2PSeq: p2p, Peer: -1, Timeout: timeout, Issued: now}
+	if hooks != nil {
+		call.hooks, call.dev = hooks, dev
+		call.now = time.Now()
 		// The hooks' time serves the recorder and the metrics too: its
 		// monotonic reading makes MonoOf read no clock.
-		call.mono = backend.MonoOf(now)
+		call.meta.Issued = backend.MonoOf(call.now)
 	} else if pg.frg != nil || timed {
-		call.mono = backend.Mono() // the monotonic clock alone: half of time.Now
+		call.meta.Issued = backend.Mono() // the monotonic clock alone: half of time.Now
 	}
 	if timed {
-		call.issued = call.mono
+		call.issued = call.meta.Issued
 	}
-	call.meta.Issued = call.mono
 	return nil
 }
 
-// pre runs the pre-op hooks, after giving the OpInfo the op's tensors and
-// peer.
-func (pg *ProcessGroup) pre(ctx context.Context, c *opCall) {
-	if h := pg.hooks.Load(); h != nil && len(*h) > 0 {
-		c.info.Inputs, c.info.Outputs, c.info.Peer = flatten(&c.in), flatten(&c.out), c.peer
-		for _, hk := range *h {
-			if hk.Pre != nil {
-				hk.Pre(ctx, c.info)
-			}
+// pre runs the pre-op hooks (c.hooks is set); in and out are the op's
+// tensor arguments, as for post.
+func (pg *ProcessGroup) pre(ctx context.Context, c *opCall, in, out *targ) {
+	info := pg.info(c, in, out)
+	for _, hk := range *c.hooks {
+		if hk.Pre != nil {
+			hk.Pre(ctx, info)
 		}
 	}
 }
 
 // post labels a backend error with the op, its number, the rank and the
-// backend, and runs the post hooks.
-func (pg *ProcessGroup) post(ctx context.Context, c *opCall, w backend.Work, err error) (backend.Work, error) {
-	if err == nil && w == nil {
-		err = fmt.Errorf("backend %s returned neither a Work nor an error", c.backend.Name())
-	}
-	if err != nil {
-		w = nil
-		var oe *backend.OpError
-		if errors.As(err, &oe) {
-			if oe.Seq == 0 {
-				oe.Seq = c.meta.Seq
-			}
-			if oe.Backend == "" {
-				oe.Backend = c.backend.Name()
-			}
-		} else {
-			err = &backend.OpError{Op: c.meta.Op.String(), Seq: c.meta.Seq, Rank: pg.rank, Backend: c.backend.Name(), Kind: kindOf(err), Err: err}
-		}
+// backend, and hands the op to the metrics, the recorder and the post
+// hooks. in and out are the generated method's views of the op's input
+// and output tensor arguments (the same view for an in-place op; nil for
+// a role the op lacks).
+func (pg *ProcessGroup) post(ctx context.Context, c *opCall, in, out *targ, w backend.Work, err error) (backend.Work, error) {
+	if err != nil || w == nil {
+		w, err = nil, pg.failed(c, err)
 	}
 	if m := pg.metrics; m != nil {
 		m.Op(c.meta.Op, c.dt, c.issued, w, err)
 	}
 	if g := pg.frg; g != nil {
-		pg.recorder.add(g, c, c.backend.Name(), pg.rank, w, err)
+		pg.recorder.add(g, c, in, out, pg.rank, w, err)
 	}
-	if h := pg.hooks.Load(); h != nil {
-		for _, hk := range *h {
-			if hk.Post != nil {
-				hk.Post(ctx, c.info, w, err)
-			}
-		}
+	if c.hooks != nil {
+		pg.postHooks(ctx, c, in, out, w, err)
 	}
 	return w, err
+}
+
+// failed is the error of an op the backend refused (err), or for which it
+// returned neither a Work nor an error (err nil): an *backend.OpError
+// with the op's number and backend.
+func (pg *ProcessGroup) failed(c *opCall, err error) error {
+	if err == nil {
+		err = fmt.Errorf("backend %s returned neither a Work nor an error", c.backend.Name())
+	}
+	var oe *backend.OpError
+	if errors.As(err, &oe) {
+		if oe.Seq == 0 {
+			oe.Seq = c.meta.Seq
+		}
+		if oe.Backend == "" {
+			oe.Backend = c.backend.Name()
+		}
+		return err
+	}
+	return &backend.OpError{Op: c.meta.Op.String(), Seq: c.meta.Seq, Rank: pg.rank, Backend: c.backend.Name(), Kind: kindOf(err), Err: err}
+}
+
+// postHooks runs the post-op hooks (c.hooks is set).
+func (pg *ProcessGroup) postHooks(ctx context.Context, c *opCall, in, out *targ, w backend.Work, err error) {
+	info := pg.info(c, in, out)
+	for _, hk := range *c.hooks {
+		if hk.Post != nil {
+			hk.Post(ctx, info, w, err)
+		}
+	}
 }
 
 // kindOf returns the sentinel err wraps, or ErrUnavailable for an error

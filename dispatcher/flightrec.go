@@ -156,6 +156,10 @@ func (fe *frEntry) sideOf() *frSide {
 // side's sizes and dtypes when they are not a lone tensor that fits
 // inline.
 func (fe *frEntry) fill(f *frShapes, a *targ, out bool) {
+	if a == nil {
+		f.n = 0
+		return
+	}
 	if t, _, ok := lone([]*targ{a}); ok && t != nil && t.Dim() <= frInlineDims {
 		var buf [frInlineDims]int
 		sh := t.AppendShape(buf[:0])
@@ -188,6 +192,12 @@ func (fe *frEntry) fill(f *frShapes, a *targ, out bool) {
 // sameArg reports whether a and b are the same argument (the generated
 // methods pass an in-place op's list as both its inputs and outputs).
 func sameArg(a, b *targ) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	if a == b {
+		return a.shape != 0
+	}
 	if a.shape != b.shape {
 		return false
 	}
@@ -333,17 +343,18 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 	fr.mu.Lock()
 	g := &frGroup{name: info.Group, desc: info.GroupDesc, status: fr.status[info.Group]}
 	fr.mu.Unlock()
-	c := opCall{meta: backend.Meta{Op: info.Op, Seq: info.Seq, Timeout: info.Timeout}, p2pSeq: info.P2PSeq,
-		mono: backend.MonoOf(info.Issued), peer: info.Peer, in: list("inputs", info.Inputs), out: list("outputs", info.Outputs)}
-	fr.add(g, &c, info.Backend, info.Rank, w, err)
+	in, out := list("inputs", info.Inputs), list("outputs", info.Outputs)
+	c := opCall{meta: backend.Meta{Op: info.Op, Seq: info.Seq, Timeout: info.Timeout, Issued: backend.MonoOf(info.Issued)},
+		bname: info.Backend, p2pSeq: info.P2PSeq, peer: info.Peer}
+	fr.add(g, &c, &in, &out, info.Rank, w, err)
 }
 
 // add puts an op in the ring once the backend has accepted (or refused)
 // it. It runs on the issuing goroutine: one uncontended lock, no
-// allocation once the ring is full, no clock read (c.mono is the
+// allocation once the ring is full, no clock read (c.meta.Issued is the
 // dispatcher's).
-func (fr *FlightRecorder) add(g *frGroup, c *opCall, backendName string, rank int, w backend.Work, err error) {
-	isP2P := c.meta.Op.Info().Kind == backend.P2P
+func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, rank int, w backend.Work, err error) {
+	isP2P := c.meta.Op.Kind() == backend.P2P
 	captured := false
 	if cr, ok := w.(backend.CaptureReporter); ok && cr.Captured() {
 		// Captured into a CUDA graph: the op did not run and runs at each
@@ -376,19 +387,19 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, backendName string, rank in
 	if !isP2P {
 		slot.seq = c.meta.Seq
 	}
-	slot.created, slot.started, slot.completed, slot.timeout = c.mono, 0, 0, c.meta.Timeout
-	slot.backend, slot.rank, slot.peer, slot.op = backendName, int32(rank), int32(c.peer), c.meta.Op
+	slot.created, slot.started, slot.completed, slot.timeout = c.meta.Issued, 0, 0, c.meta.Timeout
+	slot.backend, slot.rank, slot.peer, slot.op = c.bname, int32(rank), int32(c.peer), c.meta.Op
 	slot.state, slot.isP2P, slot.retired, slot.captured = frScheduled, isP2P, captured, captured
 	slot.hasDur, slot.durMs, slot.hasErr = false, 0, err != nil
 	if err != nil {
 		slot.sideOf().err = es
 	}
-	slot.fill(&slot.in, &c.in, false)
-	if sameArg(&c.in, &c.out) && slot.in.n == 1 {
+	slot.fill(&slot.in, in, false)
+	if sameArg(in, out) && slot.in.n == 1 {
 		// An in-place op (most): the same lone tensor on both sides.
 		slot.out = slot.in
 	} else {
-		slot.fill(&slot.out, &c.out, true)
+		slot.fill(&slot.out, out, true)
 	}
 	slot.work = w
 	if w != nil {

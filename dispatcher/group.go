@@ -150,6 +150,9 @@ type slot struct {
 	// ops, when not nil, is what the ops go to instead of b: b behind the
 	// fingerprint check (Config.Debug "detail").
 	ops backend.Backend
+	// bname is b's Name, asked once: the flight recorder labels every op
+	// with it.
+	bname string
 }
 
 // Init creates the default process group: it checks the config, builds a
@@ -320,6 +323,9 @@ func (pg *ProcessGroup) build(ctx context.Context, parent *ProcessGroup) error {
 			}
 		}
 		pg.backends[dt] = slot{name: name, b: b, err: err}
+		if b != nil {
+			pg.backends[dt].bname = b.Name()
+		}
 		if b != nil && pg.cfg.Debug == DebugDetail {
 			pg.backends[dt].ops = &checked{Backend: b, pg: pg}
 		}

@@ -13,8 +13,10 @@ import (
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor, opts backend.BroadcastOptions) (backend.Work, error) {
-	aTensors := list("tensors", tensors)
-	c := pg.checker(backend.OpBroadcast)
+	var aTensors targ
+	aTensors.setList("tensors", tensors)
+	var c checker
+	c.start(pg, backend.OpBroadcast)
 	c.nonEmpty("requires non-empty tensor list", &aTensors)
 	c.root("invalid root rank", opts.RootRank)
 	c.rootTensor("invalid root tensor", opts.RootTensor, &aTensors)
@@ -30,13 +32,11 @@ func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor,
 	if err := pg.begin(ctx, &call, backend.OpBroadcast, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aTensors
-		call.out = aTensors
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.Broadcast(ctx, call.meta, tensors, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aTensors, &aTensors, w, err)
 }
 
 // Allreduce reduces the tensor across ranks and leaves the result in place on every rank.
@@ -44,8 +44,10 @@ func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor,
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor, opts backend.AllreduceOptions) (backend.Work, error) {
-	aTensors := list("tensors", tensors)
-	c := pg.checker(backend.OpAllreduce)
+	var aTensors targ
+	aTensors.setList("tensors", tensors)
+	var c checker
+	c.start(pg, backend.OpAllreduce)
 	c.nonEmpty("requires non-empty tensor list", &aTensors)
 	c.contiguous("Tensors must be contiguous", &aTensors)
 	c.sameDType("tensors with different dtypes", &aTensors)
@@ -60,13 +62,11 @@ func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor,
 	if err := pg.begin(ctx, &call, backend.OpAllreduce, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aTensors
-		call.out = aTensors
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.Allreduce(ctx, call.meta, tensors, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aTensors, &aTensors, w, err)
 }
 
 // AllreduceCoalesced reduces several tensors, of one dtype and any sizes, in one op.
@@ -74,8 +74,10 @@ func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor,
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tensor.Tensor, opts backend.AllreduceCoalescedOptions) (backend.Work, error) {
-	aTensors := list("tensors", tensors)
-	c := pg.checker(backend.OpAllreduceCoalesced)
+	var aTensors targ
+	aTensors.setList("tensors", tensors)
+	var c checker
+	c.start(pg, backend.OpAllreduceCoalesced)
 	c.nonEmpty("requires non-empty tensor list", &aTensors)
 	c.contiguous("Tensors must be contiguous", &aTensors)
 	c.sameDType("tensors with different dtypes", &aTensors)
@@ -89,13 +91,11 @@ func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tenso
 	if err := pg.begin(ctx, &call, backend.OpAllreduceCoalesced, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aTensors
-		call.out = aTensors
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.AllreduceCoalesced(ctx, call.meta, tensors, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aTensors, &aTensors, w, err)
 }
 
 // Reduce reduces the tensor across ranks into the root's tensor; other ranks' tensors are left unspecified, as in NCCL.
@@ -103,8 +103,10 @@ func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tenso
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, opts backend.ReduceOptions) (backend.Work, error) {
-	aTensors := list("tensors", tensors)
-	c := pg.checker(backend.OpReduce)
+	var aTensors targ
+	aTensors.setList("tensors", tensors)
+	var c checker
+	c.start(pg, backend.OpReduce)
 	c.nonEmpty("requires non-empty tensor list", &aTensors)
 	c.root("invalid root rank", opts.RootRank)
 	c.rootTensor("invalid root tensor", opts.RootTensor, &aTensors)
@@ -121,13 +123,11 @@ func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, op
 	if err := pg.begin(ctx, &call, backend.OpReduce, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aTensors
-		call.out = aTensors
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.Reduce(ctx, call.meta, tensors, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aTensors, &aTensors, w, err)
 }
 
 // Allgather gathers every rank's input into every rank's list of outputs, in rank order.
@@ -135,9 +135,12 @@ func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, op
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Allgather(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherOptions) (backend.Work, error) {
-	aOutputs := lists("outputs", outputs)
-	aInputs := list("inputs", inputs)
-	c := pg.checker(backend.OpAllgather)
+	var aOutputs targ
+	aOutputs.setLists("outputs", outputs)
+	var aInputs targ
+	aInputs.setList("inputs", inputs)
+	var c checker
+	c.start(pg, backend.OpAllgather)
 	c.single("requires a single-element input tensor list", &aInputs)
 	c.single("requires a single-element output list", &aOutputs)
 	c.innerLen("Incorrect output list size. Output list size should be the world size", &aOutputs, pg.size)
@@ -152,13 +155,11 @@ func (pg *ProcessGroup) Allgather(ctx context.Context, outputs [][]*tensor.Tenso
 	if err := pg.begin(ctx, &call, backend.OpAllgather, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aInputs
-		call.out = aOutputs
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.Allgather(ctx, call.meta, outputs, inputs, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
 // AllgatherIntoTensor gathers every rank's input into one output tensor of world-size times the input's size, in rank order (PyTorch's _allgather_base).
@@ -166,9 +167,12 @@ func (pg *ProcessGroup) Allgather(ctx context.Context, outputs [][]*tensor.Tenso
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllgatherIntoTensor(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions) (backend.Work, error) {
-	aOutput := one("output", output)
-	aInput := one("input", input)
-	c := pg.checker(backend.OpAllgatherIntoTensor)
+	var aOutput targ
+	aOutput.setOne("output", output)
+	var aInput targ
+	aInput.setOne("input", input)
+	var c checker
+	c.start(pg, backend.OpAllgatherIntoTensor)
 	c.contiguous("Tensors must be contiguous", &aOutput, &aInput)
 	c.sameDType("output tensor must have the same type as input tensor", &aInput, &aOutput)
 	c.sameDevice("tensors must all be on the same device", &aInput, &aOutput)
@@ -181,13 +185,11 @@ func (pg *ProcessGroup) AllgatherIntoTensor(ctx context.Context, output *tensor.
 	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensor, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aInput
-		call.out = aOutput
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.AllgatherIntoTensor(ctx, call.meta, output, input, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aInput, &aOutput, w, err)
 }
 
 // AllgatherCoalesced gathers several inputs of any sizes in one op; outputs[i][r] receives rank r's inputs[i].
@@ -195,9 +197,12 @@ func (pg *ProcessGroup) AllgatherIntoTensor(ctx context.Context, output *tensor.
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllgatherCoalesced(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions) (backend.Work, error) {
-	aOutputs := lists("outputs", outputs)
-	aInputs := list("inputs", inputs)
-	c := pg.checker(backend.OpAllgatherCoalesced)
+	var aOutputs targ
+	aOutputs.setLists("outputs", outputs)
+	var aInputs targ
+	aInputs.setList("inputs", inputs)
+	var c checker
+	c.start(pg, backend.OpAllgatherCoalesced)
 	c.nonEmpty("requires non-empty input tensor list", &aInputs)
 	c.listLen("output list must have one entry per input tensor", &aOutputs, len(inputs))
 	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
@@ -212,13 +217,11 @@ func (pg *ProcessGroup) AllgatherCoalesced(ctx context.Context, outputs [][]*ten
 	if err := pg.begin(ctx, &call, backend.OpAllgatherCoalesced, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aInputs
-		call.out = aOutputs
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.AllgatherCoalesced(ctx, call.meta, outputs, inputs, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
 // AllgatherIntoTensorCoalesced is AllgatherIntoTensor over several tensor pairs in one op.
@@ -226,9 +229,12 @@ func (pg *ProcessGroup) AllgatherCoalesced(ctx context.Context, outputs [][]*ten
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllgatherIntoTensorCoalesced(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions) (backend.Work, error) {
-	aOutputs := list("outputs", outputs)
-	aInputs := list("inputs", inputs)
-	c := pg.checker(backend.OpAllgatherIntoTensorCoalesced)
+	var aOutputs targ
+	aOutputs.setList("outputs", outputs)
+	var aInputs targ
+	aInputs.setList("inputs", inputs)
+	var c checker
+	c.start(pg, backend.OpAllgatherIntoTensorCoalesced)
 	c.nonEmpty("requires non-empty input tensor list", &aInputs)
 	c.listLen("output and input lists must have the same length", &aOutputs, len(inputs))
 	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
@@ -243,13 +249,11 @@ func (pg *ProcessGroup) AllgatherIntoTensorCoalesced(ctx context.Context, output
 	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensorCoalesced, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aInputs
-		call.out = aOutputs
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.AllgatherIntoTensorCoalesced(ctx, call.meta, outputs, inputs, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
 // ReduceScatter reduces inputs[0][r] across ranks into rank r's output.
@@ -257,9 +261,12 @@ func (pg *ProcessGroup) AllgatherIntoTensorCoalesced(ctx context.Context, output
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) ReduceScatter(ctx context.Context, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ReduceScatterOptions) (backend.Work, error) {
-	aOutputs := list("outputs", outputs)
-	aInputs := lists("inputs", inputs)
-	c := pg.checker(backend.OpReduceScatter)
+	var aOutputs targ
+	aOutputs.setList("outputs", outputs)
+	var aInputs targ
+	aInputs.setLists("inputs", inputs)
+	var c checker
+	c.start(pg, backend.OpReduceScatter)
 	c.single("requires a single-element output tensor list", &aOutputs)
 	c.single("requires a single-element input list", &aInputs)
 	c.innerLen("Incorrect input list size. Input list size should be the world size", &aInputs, pg.size)
@@ -275,13 +282,11 @@ func (pg *ProcessGroup) ReduceScatter(ctx context.Context, outputs []*tensor.Ten
 	if err := pg.begin(ctx, &call, backend.OpReduceScatter, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aInputs
-		call.out = aOutputs
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.ReduceScatter(ctx, call.meta, outputs, inputs, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
 // ReduceScatterTensor reduces an input of world-size times the output's size and leaves block r of the result on rank r (PyTorch's _reduce_scatter_base).
@@ -289,9 +294,12 @@ func (pg *ProcessGroup) ReduceScatter(ctx context.Context, outputs []*tensor.Ten
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) ReduceScatterTensor(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.ReduceScatterTensorOptions) (backend.Work, error) {
-	aOutput := one("output", output)
-	aInput := one("input", input)
-	c := pg.checker(backend.OpReduceScatterTensor)
+	var aOutput targ
+	aOutput.setOne("output", output)
+	var aInput targ
+	aInput.setOne("input", input)
+	var c checker
+	c.start(pg, backend.OpReduceScatterTensor)
 	c.contiguous("Tensors must be contiguous", &aOutput, &aInput)
 	c.sameDType("input tensor must be the same type as the output tensor", &aInput, &aOutput)
 	c.sameDevice("tensors must all be on the same device", &aInput, &aOutput)
@@ -305,13 +313,11 @@ func (pg *ProcessGroup) ReduceScatterTensor(ctx context.Context, output *tensor.
 	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensor, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aInput
-		call.out = aOutput
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.ReduceScatterTensor(ctx, call.meta, output, input, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aInput, &aOutput, w, err)
 }
 
 // ReduceScatterTensorCoalesced is ReduceScatterTensor over several tensor pairs in one op.
@@ -319,9 +325,12 @@ func (pg *ProcessGroup) ReduceScatterTensor(ctx context.Context, output *tensor.
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) ReduceScatterTensorCoalesced(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.ReduceScatterTensorCoalescedOptions) (backend.Work, error) {
-	aOutputs := list("outputs", outputs)
-	aInputs := list("inputs", inputs)
-	c := pg.checker(backend.OpReduceScatterTensorCoalesced)
+	var aOutputs targ
+	aOutputs.setList("outputs", outputs)
+	var aInputs targ
+	aInputs.setList("inputs", inputs)
+	var c checker
+	c.start(pg, backend.OpReduceScatterTensorCoalesced)
 	c.nonEmpty("requires non-empty input tensor list", &aInputs)
 	c.listLen("output and input lists must have the same length", &aOutputs, len(inputs))
 	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
@@ -337,13 +346,11 @@ func (pg *ProcessGroup) ReduceScatterTensorCoalesced(ctx context.Context, output
 	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensorCoalesced, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aInputs
-		call.out = aOutputs
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.ReduceScatterTensorCoalesced(ctx, call.meta, outputs, inputs, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
 // Alltoall sends inputs[r] to rank r and receives rank r's piece into outputs[r]; sizes may differ per pair.
@@ -351,9 +358,12 @@ func (pg *ProcessGroup) ReduceScatterTensorCoalesced(ctx context.Context, output
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Alltoall(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AlltoallOptions) (backend.Work, error) {
-	aOutputs := list("outputs", outputs)
-	aInputs := list("inputs", inputs)
-	c := pg.checker(backend.OpAlltoall)
+	var aOutputs targ
+	aOutputs.setList("outputs", outputs)
+	var aInputs targ
+	aInputs.setList("inputs", inputs)
+	var c checker
+	c.start(pg, backend.OpAlltoall)
 	c.listLen("Incorrect output list size. Output list size should be the world size", &aOutputs, pg.size)
 	c.listLen("Incorrect input list size. Input list size should be the world size", &aInputs, pg.size)
 	c.contiguous("Tensors must be contiguous", &aOutputs, &aInputs)
@@ -367,13 +377,11 @@ func (pg *ProcessGroup) Alltoall(ctx context.Context, outputs []*tensor.Tensor, 
 	if err := pg.begin(ctx, &call, backend.OpAlltoall, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aInputs
-		call.out = aOutputs
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.Alltoall(ctx, call.meta, outputs, inputs, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
 // AlltoallBase splits the input along its first dimension, sends part r to rank r and concatenates what it receives into the output; without split sizes the parts are equal (PyTorch's all_to_all_single).
@@ -381,9 +389,12 @@ func (pg *ProcessGroup) Alltoall(ctx context.Context, outputs []*tensor.Tensor, 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AlltoallBase(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.AlltoallBaseOptions) (backend.Work, error) {
-	aOutput := one("output", output)
-	aInput := one("input", input)
-	c := pg.checker(backend.OpAlltoallBase)
+	var aOutput targ
+	aOutput.setOne("output", output)
+	var aInput targ
+	aInput.setOne("input", input)
+	var c checker
+	c.start(pg, backend.OpAlltoallBase)
 	c.contiguous("Tensors must be contiguous", &aOutput, &aInput)
 	c.sameDType("tensors with different dtypes", &aInput, &aOutput)
 	c.sameDevice("tensors must all be on the same device", &aInput, &aOutput)
@@ -397,13 +408,11 @@ func (pg *ProcessGroup) AlltoallBase(ctx context.Context, output *tensor.Tensor,
 	if err := pg.begin(ctx, &call, backend.OpAlltoallBase, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aInput
-		call.out = aOutput
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.AlltoallBase(ctx, call.meta, output, input, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aInput, &aOutput, w, err)
 }
 
 // Gather collects every rank's input into the root's list of outputs, in rank order.
@@ -411,9 +420,12 @@ func (pg *ProcessGroup) AlltoallBase(ctx context.Context, output *tensor.Tensor,
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Gather(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions) (backend.Work, error) {
-	aOutputs := lists("outputs", outputs)
-	aInputs := list("inputs", inputs)
-	c := pg.checker(backend.OpGather)
+	var aOutputs targ
+	aOutputs.setLists("outputs", outputs)
+	var aInputs targ
+	aInputs.setList("inputs", inputs)
+	var c checker
+	c.start(pg, backend.OpGather)
 	c.root("invalid root rank", opts.RootRank)
 	c.single("requires a single-element input tensor list", &aInputs)
 	c.rootedLists("requires a single-element output list of world_size tensors on the root and an empty output list elsewhere", opts.RootRank, &aOutputs, &aInputs)
@@ -428,13 +440,11 @@ func (pg *ProcessGroup) Gather(ctx context.Context, outputs [][]*tensor.Tensor, 
 	if err := pg.begin(ctx, &call, backend.OpGather, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aInputs
-		call.out = aOutputs
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.Gather(ctx, call.meta, outputs, inputs, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
 // Scatter sends the root's inputs[0][r] to rank r's output.
@@ -442,9 +452,12 @@ func (pg *ProcessGroup) Gather(ctx context.Context, outputs [][]*tensor.Tensor, 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Scatter(ctx context.Context, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions) (backend.Work, error) {
-	aOutputs := list("outputs", outputs)
-	aInputs := lists("inputs", inputs)
-	c := pg.checker(backend.OpScatter)
+	var aOutputs targ
+	aOutputs.setList("outputs", outputs)
+	var aInputs targ
+	aInputs.setLists("inputs", inputs)
+	var c checker
+	c.start(pg, backend.OpScatter)
 	c.root("invalid root rank", opts.RootRank)
 	c.single("requires a single-element output tensor list", &aOutputs)
 	c.rootedLists("requires a single-element input list of world_size tensors on the root and an empty input list elsewhere", opts.RootRank, &aInputs, &aOutputs)
@@ -459,13 +472,11 @@ func (pg *ProcessGroup) Scatter(ctx context.Context, outputs []*tensor.Tensor, i
 	if err := pg.begin(ctx, &call, backend.OpScatter, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aInputs
-		call.out = aOutputs
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.Scatter(ctx, call.meta, outputs, inputs, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
 // Send sends the tensor to rank dst. The matching Recv names this rank and the same tag.
@@ -473,8 +484,10 @@ func (pg *ProcessGroup) Scatter(ctx context.Context, outputs []*tensor.Tensor, i
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst int, opts backend.SendOptions) (backend.Work, error) {
-	aTensors := list("tensors", tensors)
-	c := pg.checker(backend.OpSend)
+	var aTensors targ
+	aTensors.setList("tensors", tensors)
+	var c checker
+	c.start(pg, backend.OpSend)
 	c.single("requires a single-element tensor list", &aTensors)
 	c.peer("invalid destination rank", dst)
 	c.contiguous("Tensors must be contiguous", &aTensors)
@@ -487,13 +500,12 @@ func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst 
 	if err := pg.begin(ctx, &call, backend.OpSend, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.in = aTensors
-		call.peer = dst
+	call.peer = dst
+	if call.hooks != nil {
+		pg.pre(ctx, &call, &aTensors, nil)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.Send(ctx, call.meta, tensors, dst, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, &aTensors, nil, w, err)
 }
 
 // Recv receives into the tensor from rank src.
@@ -501,8 +513,10 @@ func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src int, opts backend.RecvOptions) (backend.Work, error) {
-	aTensors := list("tensors", tensors)
-	c := pg.checker(backend.OpRecv)
+	var aTensors targ
+	aTensors.setList("tensors", tensors)
+	var c checker
+	c.start(pg, backend.OpRecv)
 	c.single("requires a single-element tensor list", &aTensors)
 	c.peer("invalid source rank", src)
 	c.contiguous("Tensors must be contiguous", &aTensors)
@@ -515,13 +529,12 @@ func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src 
 	if err := pg.begin(ctx, &call, backend.OpRecv, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.out = aTensors
-		call.peer = src
+	call.peer = src
+	if call.hooks != nil {
+		pg.pre(ctx, &call, nil, &aTensors)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.Recv(ctx, call.meta, tensors, src, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, nil, &aTensors, w, err)
 }
 
 // RecvAnysource receives into the tensor from whichever rank sends first with the tag; the Work's SourceRank method (backend.SourceRanker) names it.
@@ -529,8 +542,10 @@ func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) RecvAnysource(ctx context.Context, tensors []*tensor.Tensor, opts backend.RecvAnysourceOptions) (backend.Work, error) {
-	aTensors := list("tensors", tensors)
-	c := pg.checker(backend.OpRecvAnysource)
+	var aTensors targ
+	aTensors.setList("tensors", tensors)
+	var c checker
+	c.start(pg, backend.OpRecvAnysource)
 	c.single("requires a single-element tensor list", &aTensors)
 	c.contiguous("Tensors must be contiguous", &aTensors)
 	c.tag("tag must not be negative", opts.Tag)
@@ -542,12 +557,11 @@ func (pg *ProcessGroup) RecvAnysource(ctx context.Context, tensors []*tensor.Ten
 	if err := pg.begin(ctx, &call, backend.OpRecvAnysource, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
 		return nil, err
 	}
-	if pg.observed() {
-		call.out = aTensors
+	if call.hooks != nil {
+		pg.pre(ctx, &call, nil, &aTensors)
 	}
-	pg.pre(ctx, &call)
 	w, err := call.backend.RecvAnysource(ctx, call.meta, tensors, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, nil, &aTensors, w, err)
 }
 
 // Barrier returns a Work that completes once every rank has reached the barrier and every op this rank issued before it has completed.
@@ -555,7 +569,8 @@ func (pg *ProcessGroup) RecvAnysource(ctx context.Context, tensors []*tensor.Ten
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Barrier(ctx context.Context, opts backend.BarrierOptions) (backend.Work, error) {
-	c := pg.checker(backend.OpBarrier)
+	var c checker
+	c.start(pg, backend.OpBarrier)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
@@ -564,9 +579,11 @@ func (pg *ProcessGroup) Barrier(ctx context.Context, opts backend.BarrierOptions
 	if err := pg.begin(ctx, &call, backend.OpBarrier, pg.barrierDevice(backend.OpBarrier, opts.DeviceIDs), opts.Timeout); err != nil {
 		return nil, err
 	}
-	pg.pre(ctx, &call)
+	if call.hooks != nil {
+		pg.pre(ctx, &call, nil, nil)
+	}
 	w, err := call.backend.Barrier(ctx, call.meta, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, nil, nil, w, err)
 }
 
 // MonitoredBarrier is a host-side barrier with rank 0 as the arbiter; on timeout it names the ranks that did not arrive.
@@ -574,7 +591,8 @@ func (pg *ProcessGroup) Barrier(ctx context.Context, opts backend.BarrierOptions
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) MonitoredBarrier(ctx context.Context, opts backend.MonitoredBarrierOptions) (backend.Work, error) {
-	c := pg.checker(backend.OpMonitoredBarrier)
+	var c checker
+	c.start(pg, backend.OpMonitoredBarrier)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
@@ -583,7 +601,9 @@ func (pg *ProcessGroup) MonitoredBarrier(ctx context.Context, opts backend.Monit
 	if err := pg.begin(ctx, &call, backend.OpMonitoredBarrier, pg.barrierDevice(backend.OpMonitoredBarrier, nil), opts.Timeout); err != nil {
 		return nil, err
 	}
-	pg.pre(ctx, &call)
+	if call.hooks != nil {
+		pg.pre(ctx, &call, nil, nil)
+	}
 	w, err := call.backend.MonitoredBarrier(ctx, call.meta, opts)
-	return pg.post(ctx, &call, w, err)
+	return pg.post(ctx, &call, nil, nil, w, err)
 }

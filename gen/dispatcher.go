@@ -19,11 +19,13 @@ var checkMethods = map[string]string{
 	"gathered_lists": "gatheredLists",
 }
 
-// targ returns the checker's view of a tensor argument.
-func targ(op *OpSpec, name string) *Statement {
+// targ declares the checker's view of a tensor argument and fills it in
+// place (a view returned by value would be built in a temporary and
+// copied).
+func targ(op *OpSpec, name string) []Code {
 	a := op.arg(name)
-	ctor := map[string]string{"tensor": "one", "tensors": "list", "tensor_lists": "lists"}[a.Type]
-	return Id(ctor).Call(Lit(name), Id(name))
+	set := map[string]string{"tensor": "setOne", "tensors": "setList", "tensor_lists": "setLists"}[a.Type]
+	return []Code{Var().Id(argVar(name)).Id("targ"), Id(argVar(name)).Dot(set).Call(Lit(name), Id(name))}
 }
 
 // argVar names the local that holds a tensor argument's checker view: the
@@ -118,10 +120,11 @@ func genDispatcher(s *Spec) ([]byte, error) {
 		body := []Code{}
 		for _, a := range op.Args {
 			if isTensorArg(op, a.Name) && (used[a.Name] || a.Role == "in" || a.Role == "out" || a.Role == "inout") {
-				body = append(body, Id(argVar(a.Name)).Op(":=").Add(targ(op, a.Name)))
+				body = append(body, targ(op, a.Name)...)
 			}
 		}
-		body = append(body, Id("c").Op(":=").Id("pg").Dot("checker").Call(Qual(pkgBackend, opConst(op))))
+		// The checker is zeroed and started in place, for the same reason.
+		body = append(body, Var().Id("c").Id("checker"), Id("c").Dot("start").Call(Id("pg"), Qual(pkgBackend, opConst(op))))
 		for _, r := range op.Rules {
 			body = append(body, ruleCall(op, r))
 		}
@@ -143,32 +146,37 @@ func genDispatcher(s *Spec) ([]byte, error) {
 			Var().Id("call").Id("opCall"),
 			If(Err().Op(":=").Id("pg").Dot("begin").Call(Id("ctx"), Op("&").Id("call"), Qual(pkgBackend, opConst(op)), route, Id("opts").Dot("Timeout")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
 		)
-		// The recorder and the hooks see the tensors and the peer; they are
-		// noted only while one of them is on. Each role is one argument
-		// (a targ, on the stack), so the common path allocates nothing.
-		hookSet := []Code{}
-		if ins := roleArgs(op, "in", "inout"); len(ins) == 1 {
-			hookSet = append(hookSet, Id("call").Dot("in").Op("=").Id(argVar(roleNames(op, "in", "inout")[0])))
-		} else if len(ins) > 1 {
-			return nil, fmt.Errorf("op %s: %d input arguments; the dispatcher notes one", op.Name, len(ins))
+		// The recorder and the hooks see the tensors and the peer: pre and
+		// post get pointers to the views of the op's input and output
+		// arguments (each role is one argument; nil for a role the op
+		// lacks), which stay on this method's stack.
+		roleView := func(roles ...string) (Code, error) {
+			names := roleNames(op, roles...)
+			switch len(names) {
+			case 0:
+				return Nil(), nil
+			case 1:
+				return Op("&").Id(argVar(names[0])), nil
+			}
+			return nil, fmt.Errorf("op %s: %d %s arguments; the dispatcher notes one", op.Name, len(names), roles[0])
 		}
-		if outs := roleArgs(op, "out", "inout"); len(outs) == 1 {
-			hookSet = append(hookSet, Id("call").Dot("out").Op("=").Id(argVar(roleNames(op, "out", "inout")[0])))
-		} else if len(outs) > 1 {
-			return nil, fmt.Errorf("op %s: %d output arguments; the dispatcher notes one", op.Name, len(outs))
+		in, err := roleView("in", "inout")
+		if err != nil {
+			return nil, err
+		}
+		out, err := roleView("out", "inout")
+		if err != nil {
+			return nil, err
 		}
 		for _, a := range op.Args {
 			if a.Type == "rank" {
-				hookSet = append(hookSet, Id("call").Dot("peer").Op("=").Id(a.Name))
+				body = append(body, Id("call").Dot("peer").Op("=").Id(a.Name))
 			}
 		}
-		if len(hookSet) > 0 {
-			body = append(body, If(Id("pg").Dot("observed").Call()).Block(hookSet...))
-		}
 		body = append(body,
-			Id("pg").Dot("pre").Call(Id("ctx"), Op("&").Id("call")),
+			If(Id("call").Dot("hooks").Op("!=").Nil()).Block(Id("pg").Dot("pre").Call(Id("ctx"), Op("&").Id("call"), in, out)),
 			List(Id("w"), Err()).Op(":=").Id("call").Dot("backend").Dot(op.GoName).Call(callArgs...),
-			Return(Id("pg").Dot("post").Call(Id("ctx"), Op("&").Id("call"), Id("w"), Err())),
+			Return(Id("pg").Dot("post").Call(Id("ctx"), Op("&").Id("call"), in, out, Id("w"), Err())),
 		)
 
 		f.Comment(op.Doc)
