@@ -126,6 +126,11 @@ func TestOpTable(t *testing.T) {
 	if OpSend.Info().Kind != P2P || OpBarrier.Info().Kind != Barrier || OpAllreduce.Info().Kind != Collective {
 		t.Fatal("kinds")
 	}
+	for _, op := range Ops() {
+		if op.Kind() != op.Info().Kind {
+			t.Fatalf("%s: Kind %v, Info().Kind %v", op, op.Kind(), op.Info().Kind)
+		}
+	}
 	if !OpReduce.Info().Rooted || !OpReduce.Info().Reduces || OpAllgather.Info().Reduces {
 		t.Fatal("flags")
 	}

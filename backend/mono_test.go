@@ -25,3 +25,23 @@ func TestHostWorkCompletedAt(t *testing.T) {
 		t.Fatalf("a later Complete changed the work: %v, %v", w.CompletedAt(), w.Exception())
 	}
 }
+
+// Outcome answers as CompletedAt, Duration and Exception do, in one call:
+// zeros before Complete; after it the completion time, the duration only
+// with timing, and the error.
+func TestHostWorkOutcome(t *testing.T) {
+	for _, timing := range []bool{false, true} {
+		w := NewHostWork(1, timing, nil)
+		if at, dur, timed, err := w.Outcome(); at != 0 || dur != 0 || timed || err != nil {
+			t.Fatalf("timing %v: before Complete: %v %v %v %v", timing, at, dur, timed, err)
+		}
+		w.MarkStarted()
+		boom := errors.New("boom")
+		w.Complete(nil, boom)
+		at, dur, timed, err := w.Outcome()
+		wantDur, durErr := w.Duration()
+		if at != w.CompletedAt() || at == 0 || err != boom || timed != (durErr == nil) || dur != wantDur {
+			t.Fatalf("timing %v: Outcome %v %v %v %v; CompletedAt %v, Duration %v %v", timing, at, dur, timed, err, w.CompletedAt(), wantDur, durErr)
+		}
+	}
+}

@@ -255,6 +255,21 @@ func (w *HostWork) Complete(outputs []*tensor.Tensor, err error) bool {
 // late they look.
 func (w *HostWork) CompletedAt() time.Duration { return time.Duration(w.endMono.Load()) }
 
+// Outcome returns, in one call, what the flight recorder notes of a
+// completed work: when it completed (CompletedAt; 0, with the rest
+// zero, while it has not), its Duration (timed false when timing was
+// off) and its Exception. A completed HostWork has started.
+func (w *HostWork) Outcome() (at, dur time.Duration, timed bool, err error) {
+	at = time.Duration(w.endMono.Load())
+	if at == 0 || !w.fut.IsDone() {
+		return 0, 0, false, nil
+	}
+	if w.timing {
+		dur, timed = at-time.Duration(w.start.Load()), true
+	}
+	return at, dur, timed, w.fut.err
+}
+
 // Wait implements Work: it blocks until the op completes.
 func (w *HostWork) Wait(ctx context.Context) error {
 	if !w.fut.IsDone() {

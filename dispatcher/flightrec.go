@@ -65,17 +65,21 @@ type FlightRecorder struct {
 	wall0 time.Time
 	mono0 time.Duration
 
-	mu      sync.Mutex
-	ring    []frEntry
-	nextID  uint64
-	scan    uint64 // the next entry retireDone looks at
-	groups  map[string]frtrace.PGConfig
-	status  map[string]*frtrace.PGStatus
-	pending int         // entries whose work is not yet retired
-	dumps   watch.Dumps // when to dump, other than on demand
-	ndumps  int         // dumps written
-	runID   string      // the job: Config.RunID and the default group's uid
-	pgUID   string
+	mu     sync.Mutex
+	ring   []frEntry
+	nextID uint64
+	scan   uint64 // the next entry retireDone looks at
+	// head and scanAt are nextID and scan modulo cap(ring), kept as they
+	// move (a 64-bit division per op, for an entries count that need
+	// not be a power of two, was ~2 % of an op).
+	head, scanAt int
+	groups       map[string]frtrace.PGConfig
+	status       map[string]*frtrace.PGStatus
+	pending      int         // entries whose work is not yet retired
+	dumps        watch.Dumps // when to dump, other than on demand
+	ndumps       int         // dumps written
+	runID        string      // the job: Config.RunID and the default group's uid
+	pgUID        string
 
 	// refreshMu serialises refresh (the poll goroutine's and Snapshot's),
 	// which owns polls between its two holds of mu.
@@ -98,6 +102,9 @@ type frEntry struct {
 	id   uint64       // RecordID and OpID
 	g    *frGroup     // the op's group
 	work backend.Work // nil once retired
+	// ho is work as a hostOutcome, when it is one (nil once retired):
+	// asked once, at add, so that retireDone asserts nothing.
+	ho hostOutcome
 	// CollectiveSeqID (0 for p2p ops) and P2PSeqID
 	seq, p2p uint64
 	// created is when the dispatcher numbered the op, on the backend.Mono
@@ -152,15 +159,25 @@ func (fe *frEntry) sideOf() *frSide {
 	return fe.side
 }
 
-// fill notes a's tensors in f (fe.in or, when out, fe.out), or in the
-// side's sizes and dtypes when they are not a lone tensor that fits
-// inline.
-func (fe *frEntry) fill(f *frShapes, a *targ, out bool) {
-	if a == nil {
+// fill notes a's tensors in f (fe.in or fe.out), and in f2 too when it
+// is not nil (an in-place op's other side), or in the side's sizes and
+// dtypes when they are not a lone tensor that fits inline.
+func (fe *frEntry) fill(f, f2 *frShapes, a *targ) {
+	if a == nil || a.shape == 0 {
 		f.n = 0
+		if f2 != nil {
+			f2.n = 0
+		}
 		return
 	}
-	if t, _, ok := lone([]*targ{a}); ok && t != nil && t.Dim() <= frInlineDims {
+	var t *tensor.Tensor
+	switch {
+	case a.shape == 'o':
+		t = a.one
+	case a.shape == 'l' && len(a.list) == 1:
+		t = a.list[0]
+	}
+	if t != nil && t.Dim() <= frInlineDims {
 		var buf [frInlineDims]int
 		sh := t.AppendShape(buf[:0])
 		fits := true
@@ -170,44 +187,28 @@ func (fe *frEntry) fill(f *frShapes, a *targ, out bool) {
 				break
 			}
 			f.dims[i] = int32(d)
+			if f2 != nil {
+				f2.dims[i] = int32(d)
+			}
 		}
 		if fits {
-			f.n, f.ndim, f.dtype = 1, uint8(len(sh)), t.DType()
+			dt := t.DType()
+			f.n, f.ndim, f.dtype = 1, uint8(len(sh)), dt
+			if f2 != nil {
+				f2.n, f2.ndim, f2.dtype = 1, uint8(len(sh)), dt
+			}
 			return
 		}
 	}
-	if a.shape == 0 {
-		f.n = 0
-		return
-	}
-	f.n = -1
 	sd := fe.sideOf()
-	if out {
-		sd.outSizes, sd.outDtypes = fillSizes(sd.outSizes, sd.outDtypes, a)
-	} else {
+	if f == &fe.in || f2 == &fe.in {
+		fe.in.n = -1
 		sd.inSizes, sd.inDtypes = fillSizes(sd.inSizes, sd.inDtypes, a)
 	}
-}
-
-// sameArg reports whether a and b are the same argument (the generated
-// methods pass an in-place op's list as both its inputs and outputs).
-func sameArg(a, b *targ) bool {
-	if a == nil || b == nil {
-		return false
+	if f == &fe.out || f2 == &fe.out {
+		fe.out.n = -1
+		sd.outSizes, sd.outDtypes = fillSizes(sd.outSizes, sd.outDtypes, a)
 	}
-	if a == b {
-		return a.shape != 0
-	}
-	if a.shape != b.shape {
-		return false
-	}
-	switch a.shape {
-	case 'o':
-		return a.one == b.one
-	case 'l':
-		return len(a.list) == len(b.list) && (len(a.list) == 0 || &a.list[0] == &b.list[0])
-	}
-	return false
 }
 
 // dump returns the shapes and dtypes as the dump writes them, in slices
@@ -356,11 +357,17 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, rank int, w backend.Work, err error) {
 	isP2P := c.meta.Op.Kind() == backend.P2P
 	captured := false
-	if cr, ok := w.(backend.CaptureReporter); ok && cr.Captured() {
-		// Captured into a CUDA graph: the op did not run and runs at each
-		// replay, so there is nothing to poll (its events may not even be
-		// queried). The entry stays scheduled, retired, marked captured.
-		captured, w = true, nil
+	// A host work (hostOutcome) runs on the host: it is never captured,
+	// so that most ops make one type assertion here.
+	ho, _ := w.(hostOutcome)
+	if ho == nil {
+		if cr, ok := w.(backend.CaptureReporter); ok && cr.Captured() {
+			// Captured into a CUDA graph: the op did not run and runs at
+			// each replay, so there is nothing to poll (its events may not
+			// even be queried). The entry stays scheduled, retired, marked
+			// captured.
+			captured, w = true, nil
+		}
 	}
 	var es string
 	if err != nil {
@@ -377,10 +384,13 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, rank int, w 
 		fr.ring = append(fr.ring, frEntry{})
 		slot = &fr.ring[len(fr.ring)-1]
 	} else {
-		slot = &fr.ring[id%uint64(cap(fr.ring))]
+		slot = &fr.ring[fr.head]
 		if slot.work != nil {
 			fr.pending--
 		}
+	}
+	if fr.head++; fr.head == cap(fr.ring) {
+		fr.head = 0
 	}
 	slot.id, slot.g, slot.p2p = id, g, c.p2pSeq
 	slot.seq = 0
@@ -394,14 +404,16 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, rank int, w 
 	if err != nil {
 		slot.sideOf().err = es
 	}
-	slot.fill(&slot.in, in, false)
-	if sameArg(in, out) && slot.in.n == 1 {
-		// An in-place op (most): the same lone tensor on both sides.
-		slot.out = slot.in
+	// An in-place op (most) has the same view on both sides: one pass
+	// fills both (copying the in side's freshly written bytes whole
+	// would stall on the narrow stores that wrote them).
+	if in == out && in != nil {
+		slot.fill(&slot.in, &slot.out, in)
 	} else {
-		slot.fill(&slot.out, out, true)
+		slot.fill(&slot.in, nil, in)
+		slot.fill(&slot.out, nil, out)
 	}
-	slot.work = w
+	slot.work, slot.ho = w, ho
 	if w != nil {
 		fr.pending++
 	}
@@ -414,10 +426,13 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, rank int, w 
 	}
 }
 
-// completedAter is a Work that stamps its completion on the backend.Mono
-// clock: backend.HostWork and the host backends' works built on it, whose
-// state is a few atomic words, cheap to read on the issuing goroutine.
-type completedAter interface{ CompletedAt() time.Duration }
+// hostOutcome is a Work that stamps its completion on the backend.Mono
+// clock and tells its outcome in one call: backend.HostWork and the host
+// backends' works built on it, whose state is a few atomic words, cheap
+// to read on the issuing goroutine.
+type hostOutcome interface {
+	Outcome() (at, dur time.Duration, timed bool, err error)
+}
 
 // retireScan bounds the entries retireDone looks at per op: two keep up
 // with one op per op, and a backlog drains over the next ops.
@@ -435,35 +450,41 @@ func (fr *FlightRecorder) retireDone() error {
 	n := uint64(cap(fr.ring))
 	for k := 0; k < retireScan && fr.scan < fr.nextID; k++ {
 		if fr.nextID-fr.scan > n {
-			fr.scan = fr.nextID - n // overwritten meanwhile
+			fr.scan, fr.scanAt = fr.nextID-n, fr.head // overwritten meanwhile
 		}
-		fe := &fr.ring[fr.scan%n]
-		if fe.id != fr.scan || fe.work == nil {
-			fr.scan++
+		fe := &fr.ring[fr.scanAt]
+		if fe.id != fr.scan || fe.ho == nil {
+			fr.advanceScan() // retired, or the poll's
 			continue
 		}
-		ca, ok := fe.work.(completedAter)
-		if !ok {
-			fr.scan++ // the poll's
-			continue
-		}
-		at := ca.CompletedAt()
-		if at == 0 || !fe.work.IsCompleted() {
+		at, dur, timed, err := fe.ho.Outcome()
+		if at == 0 {
 			break // not yet: the next op looks again
 		}
-		if started, err := fe.work.IsStarted(); err == nil && started && fe.state == frScheduled {
+		if fe.state == frScheduled { // a completed host work has started
 			fe.state, fe.started = frStarted, at
 			if st := fe.g.status; st != nil && !fe.isP2P && int64(fe.seq) > st.LastStarted {
 				st.LastStarted = int64(fe.seq)
 			}
 		}
-		dur, durErr := fe.work.Duration()
-		if err := fr.complete(fe, at, dur, durErr, fe.work.Exception()); err != nil && first == nil {
+		var durErr error
+		if !timed {
+			durErr = backend.ErrNoTiming
+		}
+		if err := fr.complete(fe, at, dur, durErr, err); err != nil && first == nil {
 			first = err
 		}
-		fr.scan++
+		fr.advanceScan()
 	}
 	return first
+}
+
+// advanceScan moves retireDone's scan to the next entry. fr.mu is held.
+func (fr *FlightRecorder) advanceScan() {
+	fr.scan++
+	if fr.scanAt++; fr.scanAt == cap(fr.ring) {
+		fr.scanAt = 0
+	}
 }
 
 // complete marks fe completed at now (backend.Mono), with the work's
@@ -482,7 +503,7 @@ func (fr *FlightRecorder) complete(fe *frEntry, now, dur time.Duration, durErr, 
 	if st := fe.g.status; st != nil && !fe.isP2P && int64(fe.seq) > st.LastCompleted {
 		st.LastCompleted = int64(fe.seq)
 	}
-	fe.work = nil
+	fe.work, fe.ho = nil, nil
 	fr.pending--
 	return err
 }

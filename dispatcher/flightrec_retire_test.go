@@ -100,3 +100,62 @@ type queryCounter struct {
 }
 
 func (w *queryCounter) IsCompleted() bool { w.queries++; return true }
+
+// TestRecorderRetireScanWraps: in a ring whose size is not a power of
+// two, a backlog of host works that complete late (more of them than the
+// ring holds, so the scan's next entry is overwritten meanwhile) is
+// retired over the next ops, and the ring's slot indices (head, scanAt)
+// stay nextID and scan modulo its size throughout.
+func TestRecorderRetireScanWraps(t *testing.T) {
+	const size = 3
+	fr, err := newFlightRecorder(FlightRecorderOptions{Entries: size, DumpPrefix: t.TempDir() + "/r", Poll: time.Hour}, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.close()
+	ctx := context.Background()
+	check := func(when string) {
+		t.Helper()
+		fr.mu.Lock()
+		defer fr.mu.Unlock()
+		if fr.head != int(fr.nextID%size) || fr.scanAt != int(fr.scan%size) {
+			t.Fatalf("%s: head %d, scanAt %d for nextID %d, scan %d (size %d)", when, fr.head, fr.scanAt, fr.nextID, fr.scan, size)
+		}
+	}
+	seq := uint64(0)
+	record := func(w backend.Work) {
+		seq++
+		fr.record(ctx, OpInfo{Group: "0", Op: backend.OpAllreduce, Backend: "host", Seq: seq, Peer: -1, Issued: time.Now()}, w, nil)
+	}
+	var slow []*backend.HostWork
+	for range 2*size + 1 {
+		w := backend.NewHostWork(seq+1, false, nil)
+		slow = append(slow, w)
+		record(w)
+		check("backlog")
+	}
+	fr.mu.Lock()
+	if fr.pending != size {
+		t.Fatalf("%d pending, want %d (the ring's size: the rest were overwritten)", fr.pending, size)
+	}
+	fr.mu.Unlock()
+	for _, w := range slow {
+		w.Complete(nil, nil)
+	}
+	for range size {
+		record(backend.CompletedWork(seq+1, nil, nil))
+		check("draining")
+	}
+	fr.mu.Lock()
+	pending := fr.pending
+	fr.mu.Unlock()
+	if pending != 0 {
+		t.Fatalf("%d pending after %d ops behind the completed backlog, want 0", pending, size)
+	}
+	d := fr.Snapshot("test")
+	for i, e := range d.Entries {
+		if want := seq - size + 1 + uint64(i); e.CollectiveSeqID != want || e.State != frtrace.StateCompleted || !e.Retired {
+			t.Errorf("entry %d: seq %d, state %s, retired %v; want seq %d, completed and retired", i, e.CollectiveSeqID, e.State, e.Retired, want)
+		}
+	}
+}
