@@ -128,6 +128,26 @@ func (c *checker) innerLen(msg string, a *targ, want int) {
 	}
 }
 
+// isLone reports whether the argument holds exactly one tensor (a single
+// tensor, or a list of one): lone's case, for one argument, inline.
+func (a *targ) isLone() bool { return a.shape == 'o' || a.shape == 'l' && len(a.list) == 1 }
+
+// loneDevice returns the device of the argument's tensor when it holds
+// exactly one, non-nil (most calls), inline; ok is false otherwise.
+func (a *targ) loneDevice() (d tensor.Device, ok bool) {
+	var t *tensor.Tensor
+	switch {
+	case a.shape == 'o':
+		t = a.one
+	case a.shape == 'l' && len(a.list) == 1:
+		t = a.list[0]
+	}
+	if t == nil {
+		return tensor.Device{}, false
+	}
+	return t.Device(), true
+}
+
 // lone returns the tensor of args when they hold exactly one, the shape
 // of most calls (one tensor, or a list of one): the checks then skip the
 // walk over the arguments. i is its index in its list, -1 for a lone one.

@@ -21,15 +21,25 @@ func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor,
 	c.root("invalid root rank", opts.RootRank)
 	c.rootTensor("invalid root tensor", opts.RootTensor, &aTensors)
 	c.contiguous("Tensors must be contiguous", &aTensors)
-	c.sameDType("tensors with different dtypes", &aTensors)
-	c.sameDevice("tensors must all be on the same device", &aTensors)
-	c.sameNumel("invalid tensor size", &aTensors)
+	if !aTensors.isLone() {
+		c.sameDType("tensors with different dtypes", &aTensors)
+	}
+	if !aTensors.isLone() {
+		c.sameDevice("tensors must all be on the same device", &aTensors)
+	}
+	if !aTensors.isLone() {
+		c.sameNumel("invalid tensor size", &aTensors)
+	}
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
+	dev, lone := aTensors.loneDevice()
+	if !lone {
+		dev = pg.deviceOf(&aTensors)
+	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpBroadcast, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpBroadcast, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -50,16 +60,26 @@ func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor,
 	c.start(pg, backend.OpAllreduce)
 	c.nonEmpty("requires non-empty tensor list", &aTensors)
 	c.contiguous("Tensors must be contiguous", &aTensors)
-	c.sameDType("tensors with different dtypes", &aTensors)
-	c.sameDevice("tensors must all be on the same device", &aTensors)
-	c.sameNumel("invalid tensor size", &aTensors)
+	if !aTensors.isLone() {
+		c.sameDType("tensors with different dtypes", &aTensors)
+	}
+	if !aTensors.isLone() {
+		c.sameDevice("tensors must all be on the same device", &aTensors)
+	}
+	if !aTensors.isLone() {
+		c.sameNumel("invalid tensor size", &aTensors)
+	}
 	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, &aTensors)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
+	dev, lone := aTensors.loneDevice()
+	if !lone {
+		dev = pg.deviceOf(&aTensors)
+	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllreduce, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllreduce, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -80,15 +100,23 @@ func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tenso
 	c.start(pg, backend.OpAllreduceCoalesced)
 	c.nonEmpty("requires non-empty tensor list", &aTensors)
 	c.contiguous("Tensors must be contiguous", &aTensors)
-	c.sameDType("tensors with different dtypes", &aTensors)
-	c.sameDevice("tensors must all be on the same device", &aTensors)
+	if !aTensors.isLone() {
+		c.sameDType("tensors with different dtypes", &aTensors)
+	}
+	if !aTensors.isLone() {
+		c.sameDevice("tensors must all be on the same device", &aTensors)
+	}
 	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, &aTensors)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
+	dev, lone := aTensors.loneDevice()
+	if !lone {
+		dev = pg.deviceOf(&aTensors)
+	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllreduceCoalesced, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllreduceCoalesced, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -111,16 +139,26 @@ func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, op
 	c.root("invalid root rank", opts.RootRank)
 	c.rootTensor("invalid root tensor", opts.RootTensor, &aTensors)
 	c.contiguous("Tensors must be contiguous", &aTensors)
-	c.sameDType("tensors with different dtypes", &aTensors)
-	c.sameDevice("tensors must all be on the same device", &aTensors)
-	c.sameNumel("invalid tensor size", &aTensors)
+	if !aTensors.isLone() {
+		c.sameDType("tensors with different dtypes", &aTensors)
+	}
+	if !aTensors.isLone() {
+		c.sameDevice("tensors must all be on the same device", &aTensors)
+	}
+	if !aTensors.isLone() {
+		c.sameNumel("invalid tensor size", &aTensors)
+	}
 	c.reduceOp("invalid reduce op for dtype", opts.ReduceOp, &aTensors)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
 	if c.err != nil {
 		return nil, c.err
 	}
+	dev, lone := aTensors.loneDevice()
+	if !lone {
+		dev = pg.deviceOf(&aTensors)
+	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpReduce, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpReduce, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -496,8 +534,12 @@ func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst 
 	if c.err != nil {
 		return nil, c.err
 	}
+	dev, lone := aTensors.loneDevice()
+	if !lone {
+		dev = pg.deviceOf(&aTensors)
+	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpSend, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpSend, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	call.peer = dst
@@ -525,8 +567,12 @@ func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src 
 	if c.err != nil {
 		return nil, c.err
 	}
+	dev, lone := aTensors.loneDevice()
+	if !lone {
+		dev = pg.deviceOf(&aTensors)
+	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpRecv, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpRecv, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	call.peer = src
@@ -553,8 +599,12 @@ func (pg *ProcessGroup) RecvAnysource(ctx context.Context, tensors []*tensor.Ten
 	if c.err != nil {
 		return nil, c.err
 	}
+	dev, lone := aTensors.loneDevice()
+	if !lone {
+		dev = pg.deviceOf(&aTensors)
+	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpRecvAnysource, pg.deviceOf(&aTensors), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpRecvAnysource, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {

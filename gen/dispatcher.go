@@ -66,8 +66,17 @@ func ruleCall(op *OpSpec, r Rule) *Statement {
 		k := sig[min(i, len(sig)-1)]
 		args = append(args, ruleArg(op, k, a))
 	}
-	return Id("c").Dot(checkMethods[r.Check]).Call(args...)
+	call := Id("c").Dot(checkMethods[r.Check]).Call(args...)
+	if sameAs[r.Check] && len(r.Args) == 1 {
+		// One argument holding one tensor (most calls) has nothing to
+		// compare: the guard is inline, the check a call.
+		return If(Op("!").Id(argVar(r.Args[0])).Dot("isLone").Call()).Block(call)
+	}
+	return call
 }
+
+// sameAs are the checks that compare tensors with each other.
+var sameAs = map[string]bool{"same_dtype": true, "same_device": true, "same_numel": true}
 
 // roleNames returns the names of the tensor args whose role is one of want.
 func roleNames(op *OpSpec, want ...string) []string {
@@ -134,7 +143,14 @@ func genDispatcher(s *Spec) ([]byte, error) {
 		// group's barrier device.
 		tensorArgs := roleArgs(op, "in", "out", "inout")
 		var route *Statement
-		if len(tensorArgs) > 0 {
+		if len(tensorArgs) == 1 {
+			// The lone tensor's device, inline, in most calls.
+			v := argVar(roleNames(op, "in", "out", "inout")[0])
+			body = append(body,
+				List(Id("dev"), Id("lone")).Op(":=").Id(v).Dot("loneDevice").Call(),
+				If(Op("!").Id("lone")).Block(Id("dev").Op("=").Id("pg").Dot("deviceOf").Call(tensorArgs...)))
+			route = Id("dev")
+		} else if len(tensorArgs) > 0 {
 			route = Id("pg").Dot("deviceOf").Call(tensorArgs...)
 		} else if op.option("DeviceIDs") != nil {
 			route = Id("pg").Dot("barrierDevice").Call(Qual(pkgBackend, opConst(op)), Id("opts").Dot("DeviceIDs"))
