@@ -113,8 +113,8 @@ func (l *laneOp) ReadPeer(peer int, dst []byte, addr uintptr) error {
 	return l.b.mesh.ReadPeer(peer, dst, addr)
 }
 
-func (l *laneOp) Expect(ctx context.Context, peer int) error {
-	return l.b.mesh.LaneExpect(ctx, peer, func() error { return l.b.mesh.TagError(peer, l.tag, 0) })
+func (l *laneOp) Expect(ctx context.Context, peer, n int) error {
+	return l.b.mesh.LaneExpect(ctx, peer, func() error { return l.b.mesh.TagError(peer, l.tag, n) })
 }
 
 func (l *laneOp) Recv(ctx context.Context, peer int, n, unit int, fn func(off int, src []byte)) error {

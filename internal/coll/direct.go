@@ -14,10 +14,6 @@ type DirectLanes interface {
 	Lanes
 	// ReadPeer copies len(dst) bytes at addr in peer's memory into dst.
 	ReadPeer(peer int, dst []byte, addr uintptr) error
-	// Expect waits until peer's next message is there, as a large op's
-	// sync point should: its peers are busy with the same op, so it polls
-	// longer than a small op's receive before it parks.
-	Expect(ctx context.Context, peer int) error
 }
 
 const (
@@ -77,7 +73,7 @@ func AllreduceDirect(ctx context.Context, t DirectLanes, buf []byte, k reduce.Ke
 	addrs := make([]uintptr, n)
 	for p := range n {
 		if p != r {
-			if err := t.Expect(ctx, p); err != nil {
+			if err := t.Expect(ctx, p, 8); err != nil {
 				return err
 			}
 			if err := t.Recv(ctx, p, 8, 8, func(_ int, src []byte) { addrs[p] = uintptr(binary.LittleEndian.Uint64(src)) }); err != nil {
@@ -144,7 +140,7 @@ func AllreduceDirect(ctx context.Context, t DirectLanes, buf []byte, k reduce.Ke
 // recvNotice receives peer's next empty message (a chunk done, or done
 // reading) with a large op's wait.
 func recvNotice(ctx context.Context, t DirectLanes, peer int) error {
-	if err := t.Expect(ctx, peer); err != nil {
+	if err := t.Expect(ctx, peer, 0); err != nil {
 		return err
 	}
 	return t.Recv(ctx, peer, 0, 1, func(int, []byte) {})

@@ -26,6 +26,13 @@ type Lanes interface {
 	// it lands on: Recv whose fn needs no closure over buf (a closure
 	// passed through an interface is an allocation per op).
 	RecvInto(ctx context.Context, peer int, buf []byte, unit int, fn func(dst, src []byte)) error
+	// Expect waits until peer's next message is there, as a large op's
+	// sync point should: its peers are busy with the same op, so it polls
+	// longer than a small op's receive before it parks (a parked wait's
+	// wake-up, on a virtual machine whose idle CPU halts, costs hundreds
+	// of microseconds). n is the length the message should have, for
+	// the error when the peer sent it some other way.
+	Expect(ctx context.Context, peer, n int) error
 }
 
 // AllreduceLanes is recursive doubling over lanes (as allreduceRD, with
@@ -107,7 +114,7 @@ func sendChunks(ctx context.Context, t Lanes, peer int, buf []byte, elem int) er
 func recvChunks(ctx context.Context, t Lanes, peer int, buf []byte, elem int, fn func(dst, src []byte)) error {
 	step := laneStep(len(buf), elem)
 	for off := 0; off < len(buf); off += step {
-		if err := t.RecvInto(ctx, peer, buf[off:min(off+step, len(buf))], elem, fn); err != nil {
+		if err := recvLarge(ctx, t, peer, buf[off:min(off+step, len(buf))], elem, fn, step < len(buf)); err != nil {
 			return err
 		}
 	}
@@ -133,11 +140,24 @@ func exchangeChunks(ctx context.Context, t Lanes, peer int, buf []byte, elem int
 				return err
 			}
 		}
-		if err := t.RecvInto(ctx, peer, buf[off:min(off+step, len(buf))], elem, fn); err != nil {
+		if err := recvLarge(ctx, t, peer, buf[off:min(off+step, len(buf))], elem, fn, step < len(buf)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// recvLarge is t.RecvInto that first waits as a large op should
+// (t.Expect) when large: the chunks of a large op, whose wait for the
+// peer's next chunk is as long as the peer's share of the op, and which
+// would otherwise park after a small op's spin and pay a wake-up.
+func recvLarge(ctx context.Context, t Lanes, peer int, buf []byte, elem int, fn func(dst, src []byte), large bool) error {
+	if large {
+		if err := t.Expect(ctx, peer, len(buf)); err != nil {
+			return err
+		}
+	}
+	return t.RecvInto(ctx, peer, buf, elem, fn)
 }
 
 // copyRun is a RecvInto fn that copies.

@@ -46,7 +46,7 @@ func AllreduceLanesRSAG(ctx context.Context, t Lanes, buf []byte, k reduce.Kerne
 	}
 	if own := blocks[r]; len(own) > 0 {
 		for i := 1; i < n; i++ {
-			if err := t.RecvInto(ctx, (r-i+n)%n, own, e, k.Combine); err != nil {
+			if err := recvLarge(ctx, t, (r-i+n)%n, own, e, k.Combine, true); err != nil {
 				return err
 			}
 		}
@@ -58,7 +58,7 @@ func AllreduceLanesRSAG(ctx context.Context, t Lanes, buf []byte, k reduce.Kerne
 	}
 	for i := 1; i < n; i++ {
 		if q := (r - i + n) % n; len(blocks[q]) > 0 {
-			if err := t.RecvInto(ctx, q, blocks[q], e, copyRun); err != nil {
+			if err := recvLarge(ctx, t, q, blocks[q], e, copyRun, true); err != nil {
 				return err
 			}
 		}
