@@ -106,6 +106,17 @@ func (b *Buffer) Release() error {
 	return errors.Join(err, l.release())
 }
 
+// FreedInOrderOn reports whether b's free is queued on stream s (its
+// allocation stream, a stream of its own): work queued on s before the
+// last reference goes is then ordered before the free, and before any
+// reuse of the memory (the pool hands a block freed on s to s at once,
+// and to another stream only after the free, by the pool's reuse rules),
+// so it needs no reference to keep the memory alive. False for the
+// default stream, which the non-blocking streams do not order with.
+func (b *Buffer) FreedInOrderOn(s *Stream) bool {
+	return b.stream != 0 && b.stream == s.Handle()
+}
+
 // Retainer is implemented by device memory that a pending op can keep
 // alive: *Buffer. Backends stash tensors through it.
 type Retainer interface {

@@ -202,3 +202,67 @@ func (b *Backend) issueLoop(ctx context.Context, t *tensor.Tensor, s *cuda.Strea
 	})
 	return err
 }
+
+// rotBench is the state of the rotating-event variants of
+// BenchmarkIssueCrossing across batches: the events, their handles for C,
+// and the next one to record.
+type rotBench struct {
+	evs  []*cuda.Event
+	hs   []C.uintptr_t
+	next C.int
+}
+
+func newRotBench(c *comm, n int) (*rotBench, error) {
+	evs, err := c.dev.NewEvents(n, false)
+	if err != nil {
+		return nil, err
+	}
+	rb := &rotBench{evs: evs, hs: make([]C.uintptr_t, n)}
+	for i, e := range evs {
+		rb.hs[i] = C.uintptr_t(e.Handle())
+	}
+	return rb, nil
+}
+
+// free destroys the events; the caller drained their stream.
+func (rb *rotBench) free() {
+	for _, e := range rb.evs {
+		e.Destroy()
+	}
+}
+
+// floorCurEvs is FloorAllreduceCurrentStream recording a different end
+// event per op, of rb's in turn (gn_bench_floor_cur_evs).
+func (b *Backend) floorCurEvs(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, rb *rotBench, iters int) error {
+	_, err := b.benchCall(ctx, "floor, rotating events", t, func(c *comm, _ *cuda.Event, dt C.int) (C.longlong, error) {
+		return C.gn_bench_floor_cur_evs(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), &rb.hs[0], C.int(len(rb.hs)), &rb.next,
+			C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, C.int(iters)), nil
+	})
+	return err
+}
+
+// issueLoopEvs is issueLoop recording a different end event per op, of
+// rb's in turn.
+func (b *Backend) issueLoopEvs(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, rb *rotBench, iters int) error {
+	_, err := b.benchCall(ctx, "issue loop, rotating events", t, func(c *comm, _ *cuda.Event, dt C.int) (C.longlong, error) {
+		k := int(rb.next)
+		for range iters {
+			r := C.gn_issue(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(s.Handle()), C.uintptr_t(s.Handle()), 0, 0,
+				rb.hs[k], C.GN_ALLREDUCE, C.uintptr_t(t.Ptr()), C.uintptr_t(t.Ptr()), C.size_t(t.Numel()), dt, 0, 0, 0)
+			if err := result("ncclAllReduce", r); err != nil {
+				return 0, err
+			}
+			if k++; k == len(rb.hs) {
+				k = 0
+			}
+		}
+		rb.next = C.int(k)
+		return 0, nil
+	})
+	return err
+}
+
+// commFor is t's communicator, for the benchmarks' set-up.
+func (b *Backend) commFor(ctx context.Context, t *tensor.Tensor) (*comm, error) {
+	return b.getComm(ctx, t.Device().Index)
+}

@@ -78,7 +78,11 @@ func BenchmarkDriverCalls(b *testing.B) {
 // cgo crossing per op from a Go loop that does nothing else (issueLoop);
 // backend is the backend's Allreduce + Wait. go-cgo minus c-loop is the
 // crossing (and the colder caches a crossing brings); backend minus go-cgo
-// is the backend's own Go.
+// is the backend's own Go. The -Nev variants record a different end event
+// per op, of N in turn, as the backend's event pool does (c-loop-256ev
+// minus c-loop is what rotating events cost the driver); backend-nostash
+// is backend without the stash (the test-only knob DisableStash), which
+// prices the stash's reference counting.
 func BenchmarkIssueCrossing(b *testing.B) {
 	o := testOpts()
 	o.AsyncOnCurrentStream = true
@@ -90,27 +94,53 @@ func BenchmarkIssueCrossing(b *testing.B) {
 	defer x.Free()
 	xs := []*tensor.Tensor{x}
 	async := backend.AllreduceOptions{Async: true}
-	variants := []struct {
-		name string
-		run  func(n int) error
-	}{
-		{"c-loop", func(n int) error { _, err := e.b.FloorAllreduceCurrentStream(e.ctx, x, e.cur, n); return err }},
-		{"go-cgo", func(n int) error { return e.b.issueLoop(e.ctx, x, e.cur, n) }},
-		{"backend", func(n int) error {
-			for range n {
-				w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), xs, async)
-				if err != nil {
-					return err
-				}
-				if err := w.Wait(e.ctx); err != nil {
-					return err
-				}
+	c, err := e.b.commFor(e.ctx, x)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rots := map[int]*rotBench{}
+	for _, n := range []int{256, 2048} {
+		if rots[n], err = newRotBench(c, n); err != nil {
+			b.Fatal(err)
+		}
+	}
+	defer func() {
+		if err := e.cur.Synchronize(); err == nil {
+			for _, rb := range rots {
+				rb.free()
 			}
-			return nil
-		}},
+		}
+	}()
+	backendLoop := func(n int) error {
+		for range n {
+			w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), xs, async)
+			if err != nil {
+				return err
+			}
+			if err := w.Wait(e.ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	variants := []struct {
+		name    string
+		run     func(n int) error
+		nostash bool
+	}{
+		{name: "c-loop", run: func(n int) error { _, err := e.b.FloorAllreduceCurrentStream(e.ctx, x, e.cur, n); return err }},
+		{name: "c-loop-256ev", run: func(n int) error { return e.b.floorCurEvs(e.ctx, x, e.cur, rots[256], n) }},
+		{name: "c-loop-2048ev", run: func(n int) error { return e.b.floorCurEvs(e.ctx, x, e.cur, rots[2048], n) }},
+		{name: "go-cgo", run: func(n int) error { return e.b.issueLoop(e.ctx, x, e.cur, n) }},
+		{name: "go-cgo-256ev", run: func(n int) error { return e.b.issueLoopEvs(e.ctx, x, e.cur, rots[256], n) }},
+		{name: "backend", run: backendLoop},
+		{name: "backend-nostash", run: backendLoop, nostash: true},
 	}
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
+			// The test-only knob, read by newWork on this goroutine alone.
+			e.b.test.DisableStash = v.nostash
+			defer func() { e.b.test.DisableStash = false }()
 			if err := v.run(256); err != nil { // warm up
 				b.Fatal(err)
 			}

@@ -51,7 +51,8 @@ func heldOnes(e *rankEnv) (x *tensor.Tensor, g *cuda.Gate, done func(), err erro
 // it (it makes no stream wait there); Wait on the same stream returns
 // without blocking the host; Wait under another stream orders that stream
 // after the op; WaitHost with a short deadline ends with the caller's
-// deadline; the tensors stay stashed until Wait; once the gate opens the
+// deadline; nothing is stashed (the tensor's free is ordered on the op's
+// stream: TestCurrentStreamStash); once the gate opens the
 // op completes with the reduced values and the other stream's copy sees
 // them.
 func TestAsyncOnCurrentStream(t *testing.T) {
@@ -125,8 +126,10 @@ func TestAsyncOnCurrentStream(t *testing.T) {
 		if got := wk.Stream().Handle(); got != e.cur.Handle() {
 			return fmt.Errorf("op ran on stream %#x, want the current stream %#x", got, e.cur.Handle())
 		}
-		if n := wk.stashHeld(); n != 1 {
-			return fmt.Errorf("%d tensors stashed before Wait, want 1", n)
+		// x was allocated on the op's stream, which orders its free after
+		// the op: nothing to stash (TestCurrentStreamStash).
+		if n := wk.stashHeld(); n != 0 {
+			return fmt.Errorf("%d tensors stashed before Wait, want 0 (x's free is ordered on the op's stream)", n)
 		}
 		// Wait under the other stream: it must order that stream.
 		ctxB := cuda.WithStream(context.Background(), other)
@@ -256,7 +259,7 @@ func TestAsyncOnCurrentStreamTimeout(t *testing.T) {
 
 // TestStashOutlivesCurrentStream: with Options.AsyncOnCurrentStream, the
 // caller frees the op's tensor and destroys the stream it was allocated
-// and run on, with work still queued there (behind a gate), without
+// on and the one it ran on, with work still queued there (behind a gate), without
 // calling Wait; the watchdog hands the stash over, and the next op (on
 // another stream) releases it. The last reference must free the memory
 // without the destroyed stream's handle: before the fix this crashed in
@@ -291,12 +294,23 @@ func TestStashOutlivesCurrentStream(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// x lives on a stream of its own, destroyed too, so that the op
+		// (on s) stashes it: memory freed in order on the op's stream
+		// needs no stash (TestCurrentStreamStash).
+		s2, err := e.dev.NewStream(cuda.StreamOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		es := *e
-		es.cur, es.ctx = s, cuda.WithStream(context.Background(), s)
+		es.cur, es.ctx = s2, cuda.WithStream(context.Background(), s2)
 		x, err := ones(&es)
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := s2.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		es.cur, es.ctx = s, cuda.WithStream(context.Background(), s)
 		w, err := e.b.Allreduce(es.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
 		if err != nil {
 			t.Fatal(err)
@@ -310,6 +324,9 @@ func TestStashOutlivesCurrentStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := s.Destroy(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s2.Destroy(); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -346,5 +363,63 @@ func TestStashOutlivesCurrentStream(t *testing.T) {
 	defer cancel()
 	if err := e.b.Close(ctx); err != nil {
 		t.Fatalf("Close after the current streams were destroyed: %v", err)
+	}
+}
+
+// TestCurrentStreamStash: with Options.AsyncOnCurrentStream, an async op
+// stashes a tensor allocated on another stream until Wait (its free is
+// queued there, in no order with the op), and stashes none allocated on
+// the op's own stream, whose free comes after the op in that stream's
+// order; both results are right after a free before Wait. In the default
+// mode (the internal stream) a tensor of the current stream is stashed.
+func TestCurrentStreamStash(t *testing.T) {
+	for _, cur := range []bool{true, false} {
+		o := testOpts()
+		o.AsyncOnCurrentStream = cur
+		e := newRanks(t, 1, o)[0]
+		other, err := e.dev.NewStream(cuda.StreamOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eo := *e
+		eo.cur, eo.ctx = other, cuda.WithStream(context.Background(), other)
+		for _, c := range []struct {
+			name string
+			on   *rankEnv
+			want int
+		}{{"own stream", e, 0}, {"other stream", &eo, 1}} {
+			if !cur {
+				c.want = 1
+			}
+			x, err := ones(c.on)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := other.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			w, err := e.b.Allreduce(e.ctx, e.meta(backend.OpAllreduce), []*tensor.Tensor{x}, backend.AllreduceOptions{Async: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := w.(*Work).stashHeld(); n != c.want {
+				t.Errorf("current stream %v, tensor on the %s: %d stashed before Wait, want %d", cur, c.name, n, c.want)
+			}
+			if err := x.Free(); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Wait(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := w.(*Work).stashHeld(); n != 0 {
+				t.Errorf("current stream %v, tensor on the %s: %d stashed after Wait", cur, c.name, n)
+			}
+			if err := e.cur.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := other.Destroy(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -313,6 +313,24 @@ long long gn_bench_floor_cur(uintptr_t ctx, uintptr_t comm, uintptr_t cur, uintp
 	return (long long)(b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
 }
 
+long long gn_bench_floor_cur_evs(uintptr_t ctx, uintptr_t comm, uintptr_t cur, const uintptr_t *evs, int nev, int *next,
+                                 uintptr_t buf, size_t count, int dt, int iters) {
+	struct timespec a, b;
+	int k = *next;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	for (int i = 0; i < iters; i++) {
+		if (gn_make_current(ctx)) return -1;
+		int st = 0;
+		if (c_streamIsCapturing((CUstream)cur, &st)) return -3;
+		if (p_ncclAllReduce((void *)buf, (void *)buf, count, dt, 0, (ncclComm_t)comm, (CUstream)cur)) return -2;
+		if (c_eventRecord((CUevent)evs[k], (CUstream)cur)) return -3;
+		if (++k == nev) k = 0;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	*next = k;
+	return (long long)(b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
+}
+
 // gn_bench_calls times each driver call of the floor loop on its own: the
 // same calls in the same order as gn_bench_floor, with a clock read
 // between each two, summing each call's nanoseconds into ns[GN_SLOTS] (the

@@ -108,6 +108,12 @@ long long gn_bench_floor(uintptr_t ctx, uintptr_t comm, uintptr_t nstream, uintp
 // end event's record there; Wait on cur makes no driver call.
 long long gn_bench_floor_cur(uintptr_t ctx, uintptr_t comm, uintptr_t cur, uintptr_t endEv, uintptr_t buf, size_t count,
                              int dt, int iters);
+// gn_bench_floor_cur_evs is gn_bench_floor_cur recording, op after op, a
+// different end event of evs (nev of them, in turn from *next, which it
+// advances), as the backend's pool hands out events: what rotating events
+// cost the driver over re-recording one.
+long long gn_bench_floor_cur_evs(uintptr_t ctx, uintptr_t comm, uintptr_t cur, const uintptr_t *evs, int nev, int *next,
+                                 uintptr_t buf, size_t count, int dt, int iters);
 // gn_bench_calls: each call of gn_bench_floor timed on its own (nccl_dl.c).
 enum { GN_S_CLOCK, GN_S_CTX1, GN_S_REC_SYNC, GN_S_WAIT_SYNC, GN_S_CAPQ, GN_S_NCCL, GN_S_REC_END, GN_S_CTX2,
        GN_S_WAIT_END, GN_S_QUERY, GN_SLOTS };

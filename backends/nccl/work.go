@@ -122,10 +122,19 @@ func (b *Backend) enqueueCaptured(w *Work) {
 
 // stashTensors takes a reference on every tensor's device memory, so that
 // freeing the tensor before Wait defers the free (PyTorch's TensorShelf).
-// The issuing goroutine calls it before publishing w.
+// Memory whose free is queued on the op's own stream needs none (an op
+// on the current stream, Options.AsyncOnCurrentStream, of tensors
+// allocated there: the training loop's case): the free, and any reuse,
+// come after the op in that stream's order (cuda.Buffer.FreedInOrderOn).
+// That saves two atomic operations per tensor and Wait's take of the
+// stash. The issuing goroutine calls it before publishing w.
 func (w *Work) stashTensors(ts []*tensor.Tensor) {
 	for _, t := range ts {
-		r, ok := t.Memory().(cuda.Retainer)
+		m := t.Memory()
+		if b, ok := m.(*cuda.Buffer); ok && b.FreedInOrderOn(w.stream) {
+			continue
+		}
+		r, ok := m.(cuda.Retainer)
 		if !ok {
 			continue
 		}
@@ -144,8 +153,10 @@ func (w *Work) stashTensors(ts []*tensor.Tensor) {
 // to two tensors) releases without allocating. It needs no lock: the
 // swap of taken makes the caller its one owner.
 func (w *Work) appendStash(dst []cuda.Retainer) []cuda.Retainer {
-	if !w.async || w.taken.Load() || w.taken.Swap(true) {
-		return dst // only async ops stash
+	// Only async ops stash, and not every one (stashTensors). nstash and
+	// more are written before w is published and never after.
+	if !w.async || (w.nstash == 0 && len(w.more) == 0) || w.taken.Load() || w.taken.Swap(true) {
+		return dst
 	}
 	dst = append(dst, w.stash[:w.nstash]...)
 	dst = append(dst, w.more...)

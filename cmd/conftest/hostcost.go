@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,7 +51,7 @@ func parseHostCostFlags(args []string) (*hcFlags, error) {
 	fs.StringVar(&f.python, "python", defaultPython(), "python with torch for the peer (python/hostcost_torch.py); empty: no peer")
 	fs.IntVar(&f.torchRuns, "torch-runs", 2, "how many times the torch peer runs (between Go rounds), each with its modes taking turns")
 	fs.StringVar(&f.jsonPath, "json", "", "write every sample to FILE as JSON")
-	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured Go rounds to FILE (go tool pprof)")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured Go rounds to FILE (go tool pprof; each sample is labelled with its mode: -tagfocus mode=NAME)")
 	fs.IntVar(&f.profileHz, "cpuprofile-hz", 100, "samples per second of --cpuprofile: pprof's 100 gives ~100 samples over a second of calls, too few to split a microsecond call; 1000-4000 resolve it")
 	fs.StringVar(&f.only, "only", "", "run only the modes whose names contain one of these comma-separated words (nccl raw always runs), e.g. to profile one mode")
 	fs.Usage = func() {
@@ -208,6 +209,11 @@ func benchHostCost(args []string) error {
 	}
 	for r := range f.reps {
 		for _, m := range modes {
+			if f.cpuProfile != "" {
+				// Each mode's samples carry its name (pprof -tagfocus
+				// mode=...), so that one profile splits the modes apart.
+				pprof.SetGoroutineLabels(pprof.WithLabels(ctx, pprof.Labels("mode", m.name)))
+			}
 			w, c, err := f.measure(m)
 			if err != nil {
 				return err
