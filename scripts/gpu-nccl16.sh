@@ -79,7 +79,7 @@ if [ "$PROF" = 1 ]; then
 fi
 cat "$R/summary.txt"
 grep -hE -- '--- FAIL|^\s*\[FAIL\]|panic:|SIGSEGV|DATA RACE' "$R"/nccl-world1.log "$R"/nccl-race-world1.log "$R"/conftest-world1.log 2>/dev/null | head -20
-for i in $(seq 1 "$HOSTCOST_N"); do for v in before after; do f=$v-$i; echo "== $f"; grep -E '^goal|round by round|^\| (nccl raw|nccl \+|backend async|dispatcher async\+Wait)' "$R/hostcost-$f.log"; done; done
+for i in $(seq 1 "$HOSTCOST_N"); do for v in before after; do f=$v-$i; echo "== $f"; grep -E '^goal|round by round|^  the Go|^\| (nccl raw|nccl \+|backend async|dispatcher async\+Wait)' "$R/hostcost-$f.log"; done; done
 grep -hE '^\| torch' "$R"/hostcost-after-*.log
 [ "$ABLATE" = 1 ] && grep -E '^Benchmark' "$R/issue-crossing.log"
 rm -f "$R/.rc"

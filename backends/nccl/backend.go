@@ -218,21 +218,21 @@ type comm struct {
 	// higher, which is what lets the watchdog retire a stream's works up
 	// to its newest completed one with a single query.
 	launches uint64
-	// recent holds the last ringSize works of launchOne, by launch number,
-	// and probedTo the launch number up to which a probe retired them
-	// (retire.go). Under mu.
-	recent   [ringSize]*Work
-	probedTo uint64
 	// works is the rest of the slab newWork takes Works from. Under mu.
 	works []Work
 	// fresh is the newest of the works launchOne issued since the last
-	// flush, each linked to the one before (Work.freshNext), not yet in
-	// the watchdog unit: launchOne pushes with one atomic operation, where
-	// a hand-over to the unit took b.mu for every op; Backend.flushLocked
-	// moves them under b.mu (at each early retirement, every probeEvery
-	// launches, at the watchdog's round, and before anything reads the
-	// unit), without c.mu, which an issue stuck in NCCL can hold.
+	// probe or flush, each linked to the one before (Work.freshNext), not
+	// yet in the watchdog unit: launchOne pushes with one atomic
+	// operation, where a hand-over to the unit took b.mu for every op;
+	// they are staged at the next probe (every probeEvery launches,
+	// retire.go) and Backend.flushLocked moves them into the unit under
+	// b.mu (at the watchdog's round, and before anything reads the unit),
+	// without c.mu, which an issue stuck in NCCL can hold.
 	fresh atomic.Pointer[Work]
+	// staged is the newest work of the batch the last probe took from
+	// fresh, linked as there: the next probe retires it if it is complete
+	// and hands it to the unit if not (Backend.retireStaged). Under b.mu.
+	staged *Work
 
 	made    int          // events created for the pools, under mu (tests)
 	scratch *cuda.Buffer // one element for barrier

@@ -63,6 +63,19 @@ func (b *Backend) FloorAllreduceCurrentStream(ctx context.Context, t *tensor.Ten
 	})
 }
 
+// CrossingAllreduceCurrentStream makes FloorAllreduceCurrentStream's
+// driver and NCCL calls from a Go loop, one cgo call per op (the one the
+// backend's issue makes) and no other Go work: what it costs over the C
+// loop is the crossing, and what the backend's call costs over it is the
+// backend's Go (`conftest bench hostcost`). The end event is re-recorded,
+// as in the C loop.
+func (b *Backend) CrossingAllreduceCurrentStream(ctx context.Context, t *tensor.Tensor, s *cuda.Stream, iters int) error {
+	if iters < 1 {
+		return fmt.Errorf("nccl: CrossingAllreduceCurrentStream of %d calls", iters)
+	}
+	return b.issueLoop(ctx, t, s, iters)
+}
+
 // floor runs one of the C floor loops (call); name is the exported
 // function's, for errors.
 func (b *Backend) floor(ctx context.Context, name string, t *tensor.Tensor, iters int, call func(c *comm, end *cuda.Event, dt C.int) C.longlong) (time.Duration, error) {

@@ -244,22 +244,21 @@ func (b *Backend) launchOne(ctx context.Context, c *comm, o *opLaunch, cur *cuda
 	r := C.gn_issue(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(w.stream.Handle()), C.uintptr_t(cur.Handle()),
 		C.uintptr_t(syncEv), C.uintptr_t(eventHandle(w.start)), C.uintptr_t(end.Handle()), k.kind,
 		C.uintptr_t(k.send), C.uintptr_t(k.recv), C.size_t(k.count), k.dt, k.op, C.uint64_t(k.scalar), C.int(k.root))
-	var probe *Work
+	probe := false
 	if r == 0 && !c.nb {
-		// Issued, its end event recorded, not captured: early retirement
-		// may probe or complete it (retire.go), and it goes to the
-		// watchdog through c's fresh list.
-		c.remember(w)
+		// Issued, its end event recorded, not captured: it goes to the
+		// watchdog through c's fresh list and staging, where early
+		// retirement may complete it (retire.go).
 		w.fresh = true
 		c.pushFresh(w)
-		probe = c.probeFor(w)
+		probe = w.lseq%probeEvery == 0
 	}
 	c.mu.Unlock()
 	if err := result(opCallName(k.kind), r); err != nil {
 		return w, false, err
 	}
-	if probe != nil {
-		w.sweep = c.retireBefore(probe)
+	if probe {
+		b.retireStaged(c)
 	}
 	if r&^C.GN_CAPTURING == ncclInProgress {
 		// Nonblocking communicator: the launch finishes in the background;

@@ -6,74 +6,73 @@ import "github.com/gocoll/gocoll/cuda"
 // back to the pool only once something sees them complete: the watchdog,
 // every WatchdogInterval (100 ms), or a caller's query. A loop that issues
 // an op every couple of microseconds has tens of thousands of works
-// between two watchdog rounds, so each op records a different, cold end
-// event out of a pool of that size, and the Works stay live for the GC to
-// scan. Every probeEvery launches the issuing goroutine queries the end
-// event of the work launched probeLag launches before, if it is on the
-// same stream; once that one is complete, every work of the ring launched
-// before it on that stream is too (a stream runs its work in order, the
-// watchdog's rule), and they complete without a query of their own, their
-// events back in the pool in one hand-over. One query per probeEvery ops.
-// After such a probe the issuing goroutine also drops the finished works
-// at the front of the watchdog unit's list (watch.RetireFront) and
-// releases their stashes: otherwise every Work stayed live until the
-// watchdog's next round (a loop issuing every couple of microseconds kept
-// ~50 k of them, and each op's allocation came from fresh spans the GC
-// then scanned: with GOGC=off the backend was 490 ns per op over the same
-// calls from a bare Go loop, against 770 with the GC on,
-// BenchmarkIssueCrossing on nvidia-h200, nccl16b r1; after this change
-// 592 against 713 at the median, r2). The watchdog still sees every work
-// that is not finished.
+// between two watchdog rounds, so each op would record a different, cold
+// end event out of a pool of that size, and the Works would stay live for
+// the GC to scan (with GOGC=off the backend was 490 ns per op over the
+// same calls from a bare Go loop, against 770 with the GC on,
+// BenchmarkIssueCrossing on nvidia-h200, nccl16b r1).
+//
+// So the hot path's works (launchOne: issued, end event recorded, not
+// captured) are staged on their way to the watchdog unit. launchOne pushes
+// each on its communicator's fresh list (comm.fresh, one atomic
+// operation). Every probeEvery launches the issuing goroutine stages that
+// batch (comm.staged) and looks at the batch staged the time before: it
+// queries the end event of that batch's newest work, and if it is
+// complete, every work of the batch on the same stream is too (a stream
+// runs its work in order, the watchdog's rule): they complete without a
+// query of their own, their events go back to the pool in one hand-over,
+// their stashes are released, and they never enter the unit, which has
+// nothing to watch in them. Works of the batch on other streams, and the
+// whole batch when its newest work is still running, go to the unit in
+// launch order. One query per probeEvery ops, and per work one lock of
+// its own (completeInOrderTo) where the ring this replaced scanned 64
+// recent works under c.mu, then put each work into the unit and took it
+// out again (session 5: that path was ~11 % of the goal mode's samples,
+// the largest item of the backend's Go).
+//
+// The watchdog still sees every work that is not finished: its round, and
+// anything else that reads the unit, moves the staged and fresh works in
+// first (Backend.flushLocked), so a batch waits for the unit at most until
+// the next round.
 
-const (
-	ringSize   = 64 // works remembered per communicator, by launch number
-	probeEvery = 32 // launches between two probes
-	probeLag   = 32 // how far behind the newest launch the probed work is
-)
+const probeEvery = 32 // launches between two probes
 
-// remember notes w, just launched on c with its end event recorded and
-// not captured, in c's ring. c.mu is held.
-func (c *comm) remember(w *Work) {
-	c.recent[w.lseq%ringSize] = w
-}
-
-// probeFor returns the work to probe after launching w, if this launch is
-// a probing one and that work is on w's stream. c.mu is held.
-func (c *comm) probeFor(w *Work) *Work {
-	if w.lseq%probeEvery != 0 || w.lseq <= probeLag {
-		return nil
-	}
-	p := c.recent[(w.lseq-probeLag)%ringSize]
-	if p == nil || p.lseq != w.lseq-probeLag || p.stream != w.stream || p.lseq <= c.probedTo {
-		return nil
-	}
-	return p
-}
-
-// retireBefore probes p, outside c.mu; if it is complete, it completes
-// every work of c's ring launched after the last probe and before p on
-// p's stream, and reports true: the watchdog unit's oldest works may now
-// be finished (Backend.enqueue drops them).
-func (c *comm) retireBefore(p *Work) bool {
-	if !p.poll() || !p.isDone() {
-		return false
-	}
-	var buf [ringSize]*Work
-	olds := buf[:0]
-	c.mu.Lock()
-	from := c.probedTo
-	if p.lseq > c.probedTo {
-		c.probedTo = p.lseq
-	}
-	for _, q := range c.recent {
-		if q != nil && q.lseq > from && q.lseq < p.lseq && q.stream == p.stream {
-			olds = append(olds, q)
+// retireStaged is the probe of a probing launch on c, on the issuing
+// goroutine after c.mu is released: it stages c's fresh works and retires
+// the batch staged before them if its newest work is complete, or hands
+// that batch to the unit.
+func (b *Backend) retireStaged(c *comm) {
+	b.mu.Lock()
+	p := c.staged
+	b.mu.Unlock()
+	// The query, outside every lock (a cgo call of ~0.2-0.4 us); p stays
+	// staged meanwhile, so that a watchdog round that comes first moves it
+	// into the unit in launch order, and the check below then sees it gone.
+	done := p != nil && p.poll() && p.isDone()
+	var buf [2 * probeEvery]*Work
+	var same []*Work
+	b.mu.Lock()
+	if c.staged == p {
+		prev := listOldestFirst(p, buf[:0])
+		c.staged = c.fresh.Swap(nil)
+		same = prev[:0]
+		for _, q := range prev {
+			if done && q.stream == p.stream {
+				same = append(same, q) // complete: p ran after it on its stream
+				continue
+			}
+			b.wd.Enqueue(q, c.key, q.enq, q.timeout)
 		}
 	}
-	c.mu.Unlock()
-	var ebuf [2 * ringSize]*cuda.Event
+	b.mu.Unlock()
+	if len(same) == 0 {
+		return
+	}
+	// Outside b.mu: completing a work runs its future's callbacks, which
+	// may issue ops. These works are in no list now, and all complete.
+	var ebuf [4 * probeEvery]*cuda.Event
 	evs := ebuf[:0]
-	for _, q := range olds {
+	for _, q := range same {
 		if !q.isFinished() {
 			evs = q.completeInOrderTo(evs)
 		}
@@ -81,5 +80,25 @@ func (c *comm) retireBefore(p *Work) bool {
 	if len(evs) > 0 {
 		c.putEvents(evs...)
 	}
-	return true
+	for _, q := range same {
+		q.releaseStash() // an op never waited on
+	}
+}
+
+// listOldestFirst appends the works of the list that starts at head (the
+// newest, linked by freshNext to older ones) to dst, oldest first, and
+// unlinks them. The caller owns the list (it took it from comm.fresh or
+// comm.staged under b.mu).
+func listOldestFirst(head *Work, dst []*Work) []*Work {
+	n0 := len(dst)
+	for w := head; w != nil; {
+		next := w.freshNext
+		w.freshNext = nil
+		dst = append(dst, w)
+		w = next
+	}
+	for i, j := n0, len(dst)-1; i < j; i, j = i+1, j-1 {
+		dst[i], dst[j] = dst[j], dst[i]
+	}
+	return dst
 }

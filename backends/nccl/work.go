@@ -57,10 +57,6 @@ type Work struct {
 	// host waits return at once. Its events stay with it, never back in
 	// the pool: the graph records them at each replay.
 	captured bool
-	// sweep: the probe made at this launch found older works complete, so
-	// enqueue drops the watchdog unit's finished front (retire.go). Read
-	// only there.
-	sweep bool
 	// fresh: launchOne queued the work in its communicator's fresh list,
 	// from where it reaches the unit (comm.fresh), rather than leaving
 	// enqueue to hand it over.

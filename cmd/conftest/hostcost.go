@@ -70,7 +70,9 @@ to its thread) per call, in batches of --batch, for each layer and mode:
   ..., current stream  nccl: Async with nccl.Options.AsyncOnCurrentStream: the op on the
                     current stream, no sync event, Wait on the same stream orders nothing;
                     its C floor is "nccl + CUDA calls, current stream" (the context check,
-                    the capture query, ncclAllReduce and the end event's record)
+                    the capture query, ncclAllReduce and the end event's record);
+                    "..., one cgo call each" makes those calls from a Go loop, one
+                    cgo call per op and nothing else: over the C loop, the crossing
   issue             the call alone; the Waits come after the batch, untimed
 and beside them torch's (python/hostcost_torch.py: dist.all_reduce sync,
 async + wait(), and issue alone; nccl for --backend nccl, gloo otherwise).
@@ -429,13 +431,16 @@ func hostCostModes(ctx context.Context, f *hcFlags) ([]hcMode, string, func(), e
 			cself = d
 			return err
 		}})
+		modes = append(modes, hcMode{name: hcCrossCurMode, settle: drain, run: func(n int) error {
+			return nb.CrossingAllreduceCurrentStream(opctx, x, cur, n)
+		}})
 		csb, err := cs.Backend(dev.Type)
 		if err != nil {
 			return fail(err)
 		}
 		add("backend sync", loop(be(backend.AllreduceOptions{}), false, false))
 		add("backend async+Wait", loop(be(async), true, false))
-		add("backend async+Wait, current stream", loop(func() (backend.Work, error) { return csb.Allreduce(opctx, meta(), xs, async) }, true, false))
+		add(hcBackendCurMode, loop(func() (backend.Work, error) { return csb.Allreduce(opctx, meta(), xs, async) }, true, false))
 		add("dispatcher sync, recorder on", loop(disp(on, backend.AllreduceOptions{}), false, false))
 		add(hcGoalMode, loop(disp(on, async), true, false))
 		add("dispatcher async issue, recorder on", loop(disp(on, async), false, true))

@@ -47,7 +47,12 @@ const (
 	// and hcFloorCurMode its CUDA calls from C.
 	hcGoalCurMode  = "dispatcher async+Wait, recorder on, current stream"
 	hcFloorCurMode = "nccl + CUDA calls, current stream"
-	hcGoalNs       = 1000.0
+	// hcCrossCurMode is hcFloorCurMode's calls made from a Go loop, one
+	// cgo call per op: over hcFloorCurMode, the crossing.
+	hcCrossCurMode = "nccl + CUDA calls, current stream, one cgo call each"
+	// hcBackendCurMode is the backend's own call in the goal's mode.
+	hcBackendCurMode = "backend async+Wait, current stream"
+	hcGoalNs         = 1000.0
 )
 
 // roundDeltas is, for each round in which both modes ran, mode a's wall
@@ -123,6 +128,10 @@ func hostCostTable(desc string, f *hcFlags, samples []hcSample) string {
 		}
 		if fl := find(gm.floor); fl != nil {
 			fmt.Fprintf(&sb, "  of which the CUDA calls the design makes (from C): %.2f µs; Go (backend, dispatcher, recorder): %.2f µs\n", (fl.wall-raw.wall)/1e3, (g.wall-fl.wall)/1e3)
+			if cr, be := find(hcCrossCurMode), find(hcBackendCurMode); gm.floor == hcFloorCurMode && cr != nil && be != nil {
+				fmt.Fprintf(&sb, "  the Go, split: the cgo crossing %.2f µs, the backend's Go %.2f µs, the dispatcher and recorder %.2f µs\n",
+					(cr.wall-fl.wall)/1e3, (be.wall-cr.wall)/1e3, (g.wall-be.wall)/1e3)
+			}
 		}
 	}
 	return sb.String()
