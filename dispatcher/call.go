@@ -123,14 +123,14 @@ func (pg *ProcessGroup) info(c *opCall, in, out *targ) OpInfo {
 // zero checker), failing at once when the group is closed or this
 // process is not a member.
 func (c *checker) start(pg *ProcessGroup, op backend.Op) {
-	c.op, c.rank, c.size = op, pg.rank, pg.size
+	c.pg, c.op = pg, op
 	if pg.rank < 0 || pg.closed.Load() {
-		c.refuse(pg) // out of line, so that start inlines
+		c.refuse() // out of line, so that start inlines
 	}
 }
 
 // refuse fails c with the group's refusal.
-func (c *checker) refuse(pg *ProcessGroup) { c.err = pg.refusal(c.op) }
+func (c *checker) refuse() { c.err = c.pg.refusal(c.op) }
 
 // refusal is the error of an op on a group this process is not a member
 // of, or that is closed.

@@ -82,9 +82,9 @@ func (a *targ) length() int {
 // checker runs an op's argument rules. The first failure is kept; later
 // rules are skipped.
 type checker struct {
-	op         backend.Op
-	rank, size int
-	err        error
+	pg  *ProcessGroup // its rank and size are the op's
+	op  backend.Op
+	err error
 }
 
 func (c *checker) failf(msg, format string, args ...any) {
@@ -95,10 +95,17 @@ func (c *checker) failf(msg, format string, args ...any) {
 	if format != "" {
 		detail += " (" + fmt.Sprintf(format, args...) + ")"
 	}
-	c.err = &backend.OpError{Op: c.op.String(), Rank: c.rank, Kind: backend.ErrInvalidArgument, Detail: detail}
+	c.err = &backend.OpError{Op: c.op.String(), Rank: c.pg.rank, Kind: backend.ErrInvalidArgument, Detail: detail}
 }
 
 func (c *checker) nonEmpty(msg string, a *targ) {
+	if a.shape != 'l' || len(a.list) == 0 {
+		c.nonEmptyAny(msg, a) // inline above: a list, the rule's usual argument
+	}
+}
+
+// nonEmptyAny is nonEmpty for any shape.
+func (c *checker) nonEmptyAny(msg string, a *targ) {
 	if a.length() == 0 {
 		c.failEmpty(msg, a.name) // failf keeps an earlier failure
 	}
@@ -257,8 +264,8 @@ func (c *checker) sameNumel(msg string, args ...*targ) {
 }
 
 func (c *checker) root(msg string, root int) {
-	if c.err == nil && (root < 0 || root >= c.size) {
-		c.failf(msg, "root %d, world size %d", root, c.size)
+	if c.err == nil && (root < 0 || root >= c.pg.size) {
+		c.failf(msg, "root %d, world size %d", root, c.pg.size)
 	}
 }
 
@@ -271,9 +278,9 @@ func (c *checker) rootTensor(msg string, idx int, a *targ) {
 func (c *checker) peer(msg string, peer int) {
 	switch {
 	case c.err != nil:
-	case peer < 0 || peer >= c.size:
-		c.failf(msg, "rank %d is outside [0, %d)", peer, c.size)
-	case peer == c.rank:
+	case peer < 0 || peer >= c.pg.size:
+		c.failf(msg, "rank %d is outside [0, %d)", peer, c.pg.size)
+	case peer == c.pg.rank:
 		c.failf(msg, "rank %d is this rank; send to or receive from self is not allowed", peer)
 	}
 }
@@ -296,8 +303,8 @@ func (c *checker) worldTimes(msg string, big, small *targ) {
 			c.failf(msg, "%s is nil", big.label(i, -1))
 			return
 		}
-		if b.Numel() != c.size*s.Numel() {
-			c.failf(msg, "%s has %d elements, %s has %d, world size %d", big.label(idx(big, i), -1), b.Numel(), small.label(idx(small, i), -1), s.Numel(), c.size)
+		if b.Numel() != c.pg.size*s.Numel() {
+			c.failf(msg, "%s has %d elements, %s has %d, world size %d", big.label(idx(big, i), -1), b.Numel(), small.label(idx(small, i), -1), s.Numel(), c.pg.size)
 			return
 		}
 	}
@@ -335,8 +342,8 @@ func (c *checker) splits(msg string, splits []int, a *targ) {
 	if c.err != nil || len(splits) == 0 || a.one == nil {
 		return
 	}
-	if len(splits) != c.size {
-		c.failf(msg, "%d split sizes for world size %d", len(splits), c.size)
+	if len(splits) != c.pg.size {
+		c.failf(msg, "%d split sizes for world size %d", len(splits), c.pg.size)
 		return
 	}
 	rows := a.one.Numel()
@@ -363,18 +370,18 @@ func (c *checker) rootedLists(msg string, root int, a *targ, ref *targ) {
 	if c.err != nil {
 		return
 	}
-	if c.rank != root {
+	if c.pg.rank != root {
 		if len(a.lists) != 0 {
-			c.failf(msg, "rank %d is not the root but %s has %d lists", c.rank, a.name, len(a.lists))
+			c.failf(msg, "rank %d is not the root but %s has %d lists", c.pg.rank, a.name, len(a.lists))
 		}
 		return
 	}
-	if len(a.lists) != 1 || len(a.lists[0]) != c.size {
+	if len(a.lists) != 1 || len(a.lists[0]) != c.pg.size {
 		n := -1
 		if len(a.lists) == 1 {
 			n = len(a.lists[0])
 		}
-		c.failf(msg, "on the root %s has %d lists (first of %d tensors), want 1 list of %d", a.name, len(a.lists), n, c.size)
+		c.failf(msg, "on the root %s has %d lists (first of %d tensors), want 1 list of %d", a.name, len(a.lists), n, c.pg.size)
 		return
 	}
 	r := first([]*targ{ref})
@@ -396,8 +403,8 @@ func (c *checker) gatheredLists(msg string, outs, ins *targ) {
 		return
 	}
 	for i, l := range outs.lists {
-		if len(l) != c.size {
-			c.failf(msg, "%s has %d tensors, world size %d", outs.label(i, -1), len(l), c.size)
+		if len(l) != c.pg.size {
+			c.failf(msg, "%s has %d tensors, world size %d", outs.label(i, -1), len(l), c.pg.size)
 			return
 		}
 		for j, t := range l {
