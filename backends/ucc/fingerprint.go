@@ -60,7 +60,6 @@ type fpGate struct {
 // fpWork is a work's part in the check.
 type fpWork struct {
 	on       bool // the op has a fingerprint (slot); false: point to point
-	early    bool // seq given and the fingerprint published before the op was planned (fpEarlyLocked)
 	held     bool // queued: UCC has not seen it
 	startErr bool // it failed in gu_coll_start (UCC refused it)
 	seq      uint64
@@ -81,7 +80,7 @@ func (p *plan) print(dt tensor.DType, r *backend.ReduceOp, count, root int) {
 // without the check (submit's inline path).
 func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
 	g, w := b.fp, p.w
-	if w.fpw.on && !w.fpw.early {
+	if w.fpw.on {
 		w.fpw.seq = g.next
 		g.next++
 	}
@@ -104,36 +103,6 @@ func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
 		return nil, h.rerr
 	}
 	return h, nil
-}
-
-// fpEarlyLocked gives the op about to be planned (op, dispatcher seq
-// dseq, fingerprint slot) its number and publishes its fingerprint now,
-// before the plan, when the check is on at two or more ranks, the group
-// is usable and every earlier number is published and the board has room;
-// it reports the number and whether it did. b.mu is held from here to
-// the op's fpSubmitLocked, so that no other op takes a number between.
-//
-// Why: at two ranks the rank that issues last sets the pace, and its
-// peer posts only once it sees this fingerprint; what this rank does
-// between the publication and its own post (the plan: the handle's
-// allocation, the record, the descriptor, the slab's copy) now overlaps
-// the peer's look, init and post instead of coming before them. The
-// board is the backend's own memory: UCC sees nothing earlier than
-// before (an early ucc_collective_init would be seen: tl/ucp numbers
-// the op at init, and a rank that initialises an op the check then fails
-// hangs the group's next op, runs/2026-12-01_ucc12c-early-init/).
-func (b *Backend) fpEarlyLocked(op backend.Op, dseq uint64, slot fpSlot) (seq uint64, ok bool) {
-	g := b.fp
-	if g == nil || g.size < 2 || g.pub != g.next || b.usableLocked(op, dseq) != nil {
-		return 0, false
-	}
-	if !g.board.post(g.next, slot) {
-		return 0, false // no room: published later, in order (fpStepLocked)
-	}
-	seq = g.next
-	g.next++
-	g.pub++
-	return seq, true
 }
 
 // fpStepLocked publishes the queue's fingerprints that have room, then

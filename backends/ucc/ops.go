@@ -9,7 +9,6 @@ import (
 	"context"
 
 	"github.com/gocoll/gocoll/backend"
-	"github.com/gocoll/gocoll/internal/opcheck"
 	"github.com/gocoll/gocoll/tensor"
 )
 
@@ -95,15 +94,8 @@ func (b *Backend) allreduceOne(ctx context.Context, m backend.Meta, t *tensor.Te
 	if err != nil || r.ratio != 1 {
 		return nil, nil, false
 	}
-	// With the check, the fingerprint goes on the board before the op is
-	// planned (fpEarlyLocked): the peers that wait for it start their op
-	// while this rank plans and starts its own.
-	slot := fpSlot{fp: opcheck.Of(backend.OpAllreduce, t.DType(), &opts.ReduceOp, t.Numel()), root: -1}
-	b.lockSubmit()
-	defer b.mu.Unlock()
-	seq, early := b.fpEarlyLocked(backend.OpAllreduce, m.Seq, slot)
 	p := b.plan(backend.OpAllreduce, m, nil)
-	p.w.fpw = fpWork{on: true, early: early, seq: seq, slot: slot}
+	p.print(t.DType(), &opts.ReduceOp, t.Numel(), -1)
 	p.outputs = p.w.h.one[:]
 	p.w.h.one[0] = t
 	if buf := t.Bytes(); len(buf) > 0 && len(buf) <= smallBytes {
@@ -115,7 +107,7 @@ func (b *Backend) allreduceOne(ctx context.Context, m backend.Meta, t *tensor.Te
 	} else {
 		p.allreduce(r, buf)
 	}
-	w, err = b.submitLocked(p)
+	w, err = b.submit(ctx, p)
 	return w, err, true
 }
 

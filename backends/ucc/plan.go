@@ -149,13 +149,7 @@ func errKind(err error) error {
 // the error (ErrUnsupported when UCC has no algorithm) comes back now.
 func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	_ = ctx
-	b.lockSubmit()
-	defer b.mu.Unlock()
-	return b.submitLocked(p)
-}
-
-// lockSubmit takes b.mu for an issuing caller.
-func (b *Backend) lockSubmit() {
+	w := p.w
 	b.posting.Add(1) // a goroutine driving progress in Wait lets this in (drive.go)
 	// A caller in the backend, as a drive is: the progress goroutine
 	// keeps out of UCC while callers come (backend.go's progress). Why
@@ -166,11 +160,7 @@ func (b *Backend) lockSubmit() {
 	b.drives.Add(1)
 	b.mu.Lock()
 	b.posting.Add(-1)
-}
-
-// submitLocked is submit under b.mu (lockSubmit).
-func (b *Backend) submitLocked(p *plan) (backend.Work, error) {
-	w := p.w
+	defer b.mu.Unlock()
 	if err := b.usableLocked(p.op, p.m.Seq); err != nil {
 		return nil, err
 	}

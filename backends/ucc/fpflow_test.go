@@ -17,27 +17,27 @@ import (
 	"github.com/gocoll/gocoll/tensor"
 )
 
-// earlyRankEnv makes the test binary one rank of TestEarlyPublication
-// ("RANK:STOREFILE"): UCC's contexts of two ranks in one process do not
-// wire up reliably, so each rank is a process, as in conformance.
-const earlyRankEnv = "GOCOLL_UCC_TEST_EARLY_RANK"
+// flowRankEnv makes the test binary one rank of TestBoardFlowControl
+// ("RANK:STOREFILE"): UCC's contexts of two ranks in one process did not
+// wire up reliably (the out-of-band allgather of one timed out), so each
+// rank is a process, as in conformance.
+const flowRankEnv = "GOCOLL_UCC_TEST_FLOW_RANK"
 
-// TestEarlyPublication: an allreduce of one tensor publishes its
-// fingerprint before it is planned (fpEarlyLocked) while the board has
-// room; once rank 0's ring is full (its peer has checked nothing) its
-// later ops queue unpublished and go on the board in order as room comes,
-// and every op, published early or late, completes with the right sum
-// once the peer issues its own. It fails if an early number and a queued
-// one collide or go out of order (wrong sums, or a hang to the deadline),
-// or if the early path is not taken.
-func TestEarlyPublication(t *testing.T) {
-	if v := os.Getenv(earlyRankEnv); v != "" {
+// TestBoardFlowControl: rank 0 issues more allreduces than the board's
+// ring holds before its peer issues any. The first fpSlots publish at
+// issue; the rest wait in the queue unpublished (the peer has checked
+// nothing, so there is no room) and go on the board in order as room
+// comes; every op completes with the right sum once the peer issues its
+// own. It fails if a number is published out of order or twice (wrong
+// sums, or a hang to the deadline) or if the ring's limit is not kept.
+func TestBoardFlowControl(t *testing.T) {
+	if v := os.Getenv(flowRankEnv); v != "" {
 		r, path, _ := strings.Cut(v, ":")
 		rank, err := strconv.Atoi(r)
 		if err != nil {
-			t.Fatalf("%s=%q", earlyRankEnv, v)
+			t.Fatalf("%s=%q", flowRankEnv, v)
 		}
-		earlyRank(t, rank, path)
+		flowRank(t, rank, path)
 		return
 	}
 	if err := Load(); err != nil {
@@ -50,20 +50,20 @@ func TestEarlyPublication(t *testing.T) {
 	outs := make([][]byte, 2)
 	errs := make([]error, 2)
 	for r := range 2 {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestEarlyPublication$", "-test.v")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%s", earlyRankEnv, r, path))
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestBoardFlowControl$", "-test.v")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%s", flowRankEnv, r, path))
 		wg.Go(func() { outs[r], errs[r] = cmd.CombinedOutput() })
 	}
 	wg.Wait()
 	for r := range 2 {
-		if errs[r] != nil || !strings.Contains(string(outs[r]), "--- PASS: TestEarlyPublication") {
+		if errs[r] != nil || !strings.Contains(string(outs[r]), "--- PASS: TestBoardFlowControl") {
 			t.Errorf("rank %d: %v\n%s", r, errs[r], outs[r])
 		}
 	}
 }
 
-// earlyRank is one rank of TestEarlyPublication.
-func earlyRank(t *testing.T, rank int, path string) {
+// flowRank is one rank of TestBoardFlowControl.
+func flowRank(t *testing.T, rank int, path string) {
 	st, err := store.NewFileStore(path)
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +71,7 @@ func earlyRank(t *testing.T, rank int, path string) {
 	defer st.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	be, err := New(ctx, backend.Config{Store: st, Rank: rank, WorldSize: 2, GroupName: "0", GroupDesc: "early-test",
+	be, err := New(ctx, backend.Config{Store: st, Rank: rank, WorldSize: 2, GroupName: "0", GroupDesc: "flow-test",
 		Timeout: time.Minute, Options: &Options{Fingerprints: FingerprintsShm}})
 	if err != nil {
 		t.Fatal(err)
@@ -105,19 +105,10 @@ func earlyRank(t *testing.T, rank int, path string) {
 	if rank == 0 {
 		b.mu.Lock()
 		g := b.fp
-		early, late := 0, 0
-		for _, w := range g.q {
-			if w.fpw.early {
-				early++
-			} else {
-				late++
-			}
-		}
-		pub, next := g.pub, g.next
+		queued, pub, next := len(g.q), g.pub, g.next
 		b.mu.Unlock()
-		if early != fpSlots || late != n-fpSlots || pub != fpSlots || next != n {
-			t.Fatalf("before the peer issued: %d early and %d late in the queue, %d published of %d; want %d, %d, %d of %d",
-				early, late, pub, next, fpSlots, n-fpSlots, fpSlots, n)
+		if queued != n || pub != fpSlots || next != n {
+			t.Fatalf("before the peer issued: %d in the queue, %d published of %d; want %d, %d of %d", queued, pub, next, n, fpSlots, n)
 		}
 		if err := st.Set(ctx, "rank0-issued", []byte("1")); err != nil {
 			t.Fatal(err)
