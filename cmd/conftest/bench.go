@@ -106,7 +106,7 @@ func bench(args []string) error {
 	bySize := fs.Bool("by-size", false, "one size at a time: for each size, ours and every peer take turns --repeat times, one launch each "+
 		"(ours first in odd turns, last in even ones), and a turns table gives each turn's ratio ours / peer and their median "+
 		"(the ≤ 1 µs and ≤ 5 % goal lines of the raw libucc loop then read the medians); see docs/perf.md's ucc section")
-	pinList := fs.String("pin", "", "CPU lists, comma-separated (taskset --cpu-list entries: 3 or 2-5): rank r of ours, of the raw libucc loop and of cpupool runs on entry r mod their number, the same for every series")
+	pinList := fs.String("pin", "", "CPU lists, comma-separated (taskset --cpu-list entries: 3 or 2-5): rank r of ours, of the raw libucc loop and of cpupool runs on entry r mod their number, the same for every series. A Go rank on one CPU runs with GOMAXPROCS 1 (Go reads the affinity mask) and its progress goroutine shares that CPU: on nvidia-h200 one CPU per rank made ucc 1.1-1.9x the raw loop at 1-16 MiB where unpinned it was within 0.93-1.24x, so give each rank 2 or more")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
