@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/cuda"
@@ -83,4 +84,65 @@ func TestAsyncOnInternalStream(t *testing.T) {
 		}
 		return e.expect(x, func(int) float64 { return sum })
 	})
+}
+
+// TestWorkLayout: the Work stays in its 160-byte size class (each op
+// allocates one: a larger Work is more memory to allocate, zero and scan
+// per op, session 5's profile), with what only some ops need out of it.
+func TestWorkLayout(t *testing.T) {
+	if n := unsafe.Sizeof(Work{}); n > 160 {
+		t.Fatalf("Work is %d bytes, past its 160-byte size class: move fields that few ops need into workIssue or workLate", n)
+	}
+}
+
+// TestWorkExtras: an async coalesced allgather of two tensors at world 1
+// stashes its four tensors (two past the Work's own slots, in workIssue)
+// until Wait, and its Future completes with its outputs (workIssue too)
+// and its events come back; a timed op reports a duration (its start
+// event, in workIssue).
+func TestWorkExtras(t *testing.T) {
+	o := testOpts()
+	o.EnableTiming = true
+	e := newRanks(t, 1, o)[0]
+	var ins, outs []*tensor.Tensor
+	for range 2 {
+		for _, l := range []*[]*tensor.Tensor{&ins, &outs} {
+			x, err := ones(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer x.Free()
+			*l = append(*l, x)
+		}
+	}
+	w, err := e.b.AllgatherCoalesced(e.ctx, e.meta(backend.OpAllgatherCoalesced), [][]*tensor.Tensor{{outs[0]}, {outs[1]}}, ins, backend.AllgatherCoalescedOptions{Async: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wk := w.(*Work)
+	if n := wk.stashHeld(); n != 4 {
+		t.Fatalf("%d tensors stashed before Wait, want 4", n)
+	}
+	f := w.Future()
+	if err := w.Wait(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := wk.stashHeld(); n != 0 {
+		t.Fatalf("%d tensors stashed after Wait", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	got, err := f.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0] != outs[0] || got[1] != outs[1] {
+		t.Fatalf("Future's value %v, want the two outputs %v", got, outs)
+	}
+	if _, err := w.Duration(); err != nil {
+		t.Fatalf("Duration of a timed op: %v", err)
+	}
+	if err := e.expect(outs[1], func(int) float64 { return 1 }); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -200,7 +200,7 @@ type opLaunch struct {
 // issuing goroutine's profile on nvidia-h200, most of it fresh spans and
 // their zeroing). Each Work is still its own op's, never reused, so a
 // handle the caller keeps means what it always did; the cost is that a
-// kept Work keeps its slab's host memory (workSlab Works, 8 KB, and what
+// kept Work keeps its slab's host memory (workSlab Works, 5 KB, and what
 // they point to: the ops' streams and output tensors' headers, never
 // device memory, whose frees are explicit) until it is dropped.
 const workSlab = 32
@@ -213,7 +213,10 @@ func (b *Backend) newWork(c *comm, o *opLaunch) *Work {
 	w := &c.works[0]
 	c.works = c.works[1:]
 	w.b, w.c, w.op, w.seq, w.timeout = b, c, o.m.Op, o.m.Seq, opTimeout(o.m)
-	w.enq, w.async, w.outputs, w.timing, w.stream = issuedAt(o.m), o.async, o.outs, b.opts.EnableTiming, o.stream
+	w.enq, w.async, w.timing, w.stream = issuedAt(o.m), o.async, b.opts.EnableTiming, o.stream
+	if len(o.outs) > 0 {
+		w.issue().outputs = o.outs
+	}
 	if o.async && !b.test.DisableStash {
 		// Before the work can reach the watchdog (launchOne's fresh
 		// list), which may free the stash of a completed work.
@@ -232,7 +235,7 @@ func (b *Backend) launchOne(ctx context.Context, c *comm, o *opLaunch, cur *cuda
 	w := b.newWork(c, o)
 	end, err := c.event(w.timing) // cuEventElapsedTime needs both ends timed
 	if err == nil && w.timing {
-		w.start, err = c.event(true)
+		w.issue().start, err = c.event(true)
 	}
 	if err != nil {
 		c.mu.Unlock()
@@ -242,7 +245,7 @@ func (b *Backend) launchOne(ctx context.Context, c *comm, o *opLaunch, cur *cuda
 	c.launches++
 	w.lseq = c.launches
 	r := C.gn_issue(C.uintptr_t(c.ctx), C.uintptr_t(c.handle), C.uintptr_t(w.stream.Handle()), C.uintptr_t(cur.Handle()),
-		C.uintptr_t(syncEv), C.uintptr_t(eventHandle(w.start)), C.uintptr_t(end.Handle()), k.kind,
+		C.uintptr_t(syncEv), C.uintptr_t(eventHandle(w.startEv())), C.uintptr_t(end.Handle()), k.kind,
 		C.uintptr_t(k.send), C.uintptr_t(k.recv), C.size_t(k.count), k.dt, k.op, C.uint64_t(k.scalar), C.int(k.root))
 	probe := false
 	if r == 0 && !c.nb {
@@ -294,14 +297,14 @@ func (b *Backend) groupCalls(ctx context.Context, c *comm, w *Work, cur *cuda.St
 	}
 	w.end = end
 	if w.timing {
-		if w.start, err = c.event(true); err != nil {
+		if w.issue().start, err = c.event(true); err != nil {
 			return false, err
 		}
 	}
 	c.launches++
 	w.lseq = c.launches
 	nstream := C.uintptr_t(w.stream.Handle())
-	r := C.gn_pre(C.uintptr_t(c.ctx), nstream, C.uintptr_t(cur.Handle()), C.uintptr_t(syncEv), C.uintptr_t(eventHandle(w.start)))
+	r := C.gn_pre(C.uintptr_t(c.ctx), nstream, C.uintptr_t(cur.Handle()), C.uintptr_t(syncEv), C.uintptr_t(eventHandle(w.startEv())))
 	captured := r&C.GN_CAPTURING != 0
 	if err := result("cuEventRecord", r); err != nil {
 		return false, err

@@ -39,9 +39,8 @@ type Work struct {
 	enq       time.Time
 	stream    *cuda.Stream // the stream the kernel is on
 	lseq      uint64       // its number among c's launches (comm.launches)
-	outputs   []*tensor.Tensor
 
-	// The small fields, together (the Work is 240 bytes, a size class of
+	// The small fields, together (the Work is 160 bytes, a size class of
 	// its own). Set before the Work is published, never changed after.
 	op      backend.Op
 	async   bool // an async op: Wait orders ctx's current stream (when not w.stream) and releases the stash
@@ -61,6 +60,8 @@ type Work struct {
 	// from where it reaches the unit (comm.fresh), rather than leaving
 	// enqueue to hand it over.
 	fresh bool
+	// nstash is how many of stash below hold a tensor.
+	nstash uint8
 
 	// state is 0 while the op is pending, then workDone (completed on the
 	// device) or workFailed, never changed after: one word, so that
@@ -76,16 +77,91 @@ type Work struct {
 	// issue makes no atomic store.
 	taken atomic.Bool
 
-	mu    sync.Mutex // guards the fields below
-	end   *cuda.Event
-	start *cuda.Event
-	dur   time.Duration
-	err   error
-	fut   *backend.Future
+	mu  sync.Mutex // guards end, lx, and ix's start and dur
+	end *cuda.Event
+	// ix holds what only some ops have (outputs, a start event, more than
+	// two stashed tensors), set before the Work is published; nil for
+	// most. lx holds what a failure or a Future adds, made under mu. Out
+	// of the Work, they make it 160 bytes where it was 240: a third less
+	// memory to allocate, zero and scan per op (the Work slab's allocation
+	// was ~7 % of the backend call's samples on nvidia-h200, session 5).
+	ix *workIssue
+	lx *workLate
 
-	stash  [2]cuda.Retainer // the common case (one tensor, or an input and an output) without an allocation
-	nstash int
-	more   []cuda.Retainer
+	stash [2]cuda.Retainer // the common case (one tensor, or an input and an output) without an allocation
+}
+
+// workIssue is the part of a Work that only some ops have, written before
+// the Work is published; start and dur are under Work.mu after that.
+type workIssue struct {
+	outputs []*tensor.Tensor
+	start   *cuda.Event
+	dur     time.Duration
+	more    []cuda.Retainer // stashed tensors past the Work's two
+}
+
+// workLate is what a failure or a Future adds to a Work, under Work.mu.
+type workLate struct {
+	err error
+	fut *backend.Future
+}
+
+// issue returns w's workIssue, made if need be; only before w is
+// published.
+func (w *Work) issue() *workIssue {
+	if w.ix == nil {
+		w.ix = &workIssue{}
+	}
+	return w.ix
+}
+
+// outputs are the op's outputs, for its Future.
+func (w *Work) outputs() []*tensor.Tensor {
+	if w.ix == nil {
+		return nil
+	}
+	return w.ix.outputs
+}
+
+// startEv is the op's start event (EnableTiming), or nil. w.mu is held,
+// or w is not published yet.
+func (w *Work) startEv() *cuda.Event {
+	if w.ix == nil {
+		return nil
+	}
+	return w.ix.start
+}
+
+// more is the stash past its first two tensors.
+func (w *Work) more() []cuda.Retainer {
+	if w.ix == nil {
+		return nil
+	}
+	return w.ix.more
+}
+
+// errLocked is the op's error; w.mu is held.
+func (w *Work) errLocked() error {
+	if w.lx == nil {
+		return nil
+	}
+	return w.lx.err
+}
+
+// futLocked is the op's Future, if one was asked for; w.mu is held.
+func (w *Work) futLocked() *backend.Future {
+	if w.lx == nil {
+		return nil
+	}
+	return w.lx.fut
+}
+
+// late returns w's workLate, made if need be; w.mu is held.
+func (w *Work) late() *workLate {
+	if w.lx == nil {
+		w.lx = &workLate{}
+	}
+	return w.lx
 }
 
 // The states of Work.state after pending (0).
@@ -135,11 +211,12 @@ func (w *Work) stashTensors(ts []*tensor.Tensor) {
 			continue
 		}
 		r.Retain()
-		if w.nstash < len(w.stash) {
+		if int(w.nstash) < len(w.stash) {
 			w.stash[w.nstash] = r
 			w.nstash++
 		} else {
-			w.more = append(w.more, r)
+			x := w.issue()
+			x.more = append(x.more, r)
 		}
 	}
 }
@@ -151,15 +228,15 @@ func (w *Work) stashTensors(ts []*tensor.Tensor) {
 func (w *Work) appendStash(dst []cuda.Retainer) []cuda.Retainer {
 	// Only async ops stash, and not every one (stashTensors). nstash and
 	// more are written before w is published and never after.
-	if !w.async || (w.nstash == 0 && len(w.more) == 0) || w.taken.Load() || w.taken.Swap(true) {
+	if !w.async || (w.nstash == 0 && len(w.more()) == 0) || w.taken.Load() || w.taken.Swap(true) {
 		return dst
 	}
 	dst = append(dst, w.stash[:w.nstash]...)
-	dst = append(dst, w.more...)
+	dst = append(dst, w.more()...)
 	// Drop the references; nstash and more's length stay as they were,
 	// for stashHeld's readers (taken says the stash is gone).
 	clear(w.stash[:w.nstash])
-	clear(w.more)
+	clear(w.more())
 	return dst
 }
 
@@ -168,7 +245,7 @@ func (w *Work) stashHeld() int {
 	if w.taken.Load() {
 		return 0
 	}
-	return w.nstash + len(w.more)
+	return int(w.nstash) + len(w.more())
 }
 
 // releaseStash releases the stash now, if no one took it before (after a
@@ -229,10 +306,11 @@ func (w *Work) completeInOrderTo(evs []*cuda.Event) []*cuda.Event {
 	w.noteDurationLocked()
 	if w.end != nil {
 		evs = append(evs, w.end)
-		if w.start != nil {
-			evs = append(evs, w.start)
+		if st := w.startEv(); st != nil {
+			evs = append(evs, st)
+			w.ix.start = nil
 		}
-		w.end, w.start = nil, nil
+		w.end = nil
 	}
 	w.markDoneLocked()
 	return evs
@@ -240,9 +318,9 @@ func (w *Work) completeInOrderTo(evs []*cuda.Event) []*cuda.Event {
 
 // noteDurationLocked keeps the op's device time, with EnableTiming.
 func (w *Work) noteDurationLocked() {
-	if w.timing && w.start != nil {
-		if d, err := cuda.ElapsedTime(w.start, w.end); err == nil {
-			w.dur = d
+	if st := w.startEv(); w.timing && st != nil {
+		if d, err := cuda.ElapsedTime(st, w.end); err == nil {
+			w.ix.dur = d
 		}
 	}
 }
@@ -257,8 +335,8 @@ func (w *Work) completeLocked() {
 // markDoneLocked records success, once the events are dealt with.
 func (w *Work) markDoneLocked() {
 	w.state.Store(workDone)
-	if w.fut != nil {
-		w.fut.Complete(w.outputs, nil)
+	if f := w.futLocked(); f != nil {
+		f.Complete(w.outputs(), nil)
 	}
 }
 
@@ -266,18 +344,21 @@ func (w *Work) recycleLocked() {
 	if w.end == nil {
 		return
 	}
-	w.c.putEvents(w.end, w.start)
-	w.end, w.start = nil, nil
+	w.c.putEvents(w.end, w.startEv())
+	w.end = nil
+	if w.ix != nil {
+		w.ix.start = nil
+	}
 }
 
 func (w *Work) failLocked(err error) {
 	if w.isFinished() {
 		return
 	}
-	w.err = err
+	w.late().err = err
 	w.state.Store(workFailed)
-	if w.fut != nil {
-		w.fut.Complete(nil, err)
+	if f := w.futLocked(); f != nil {
+		f.Complete(nil, err)
 	}
 }
 
@@ -402,7 +483,7 @@ func (w *Work) BlockStream(bs backend.Stream) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.isFinished() {
-		return w.err
+		return w.errLocked()
 	}
 	if err := s.WaitEvent(w.end); err != nil {
 		return w.opErr(backend.ErrAborted, err)
@@ -440,10 +521,10 @@ func (w *Work) IsStarted() (bool, error) {
 	if !w.timing {
 		return false, backend.ErrNoTiming
 	}
-	if w.isFinished() || w.captured || w.start == nil {
+	if w.isFinished() || w.captured || w.startEv() == nil {
 		return true, nil
 	}
-	return w.start.Query()
+	return w.startEv().Query()
 }
 
 // Exception implements backend.Work.
@@ -453,7 +534,7 @@ func (w *Work) Exception() error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.err
+	return w.errLocked()
 }
 
 // Future implements backend.Work: it completes with the op's outputs once a
@@ -461,21 +542,22 @@ func (w *Work) Exception() error {
 func (w *Work) Future() *backend.Future {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.fut == nil {
-		w.fut = backend.NewFuture()
+	if w.futLocked() == nil {
+		f := backend.NewFuture()
+		w.late().fut = f
 		if w.captured {
 			// Nothing on the host will see a replay end: the outputs are
 			// the graph's, ordered by its stream.
-			w.fut.Complete(w.outputs, nil)
+			f.Complete(w.outputs(), nil)
 		} else if w.isFinished() {
-			if w.err != nil {
-				w.fut.Complete(nil, w.err)
+			if err := w.errLocked(); err != nil {
+				f.Complete(nil, err)
 			} else {
-				w.fut.Complete(w.outputs, nil)
+				f.Complete(w.outputs(), nil)
 			}
 		}
 	}
-	return w.fut
+	return w.futLocked()
 }
 
 // SeqNum implements backend.Work.
@@ -495,7 +577,11 @@ func (w *Work) Duration() (time.Duration, error) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.dur, w.err
+	var d time.Duration
+	if w.ix != nil {
+		d = w.ix.dur
+	}
+	return d, w.errLocked()
 }
 
 // Abort implements backend.Work: it fails the op with ErrAborted and aborts
