@@ -152,6 +152,7 @@ type Mesh struct {
 	direct     bool                   // and may be read directly (direct.go)
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
+	presence   shm.Presence // this rank's word in every lane (shm.Presence)
 
 	notices sync.WaitGroup // abort notices in flight (notify)
 	readers sync.WaitGroup
@@ -296,6 +297,9 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 				if p.lane != nil {
 					p.lane.In.Yield = laneYield
 				}
+			}
+			if p.lane != nil {
+				m.presence.Add(p.lane) // lane waits look at the peer's word (shm.Presence)
 			}
 			m.readers.Add(2)
 			go m.shmReadLoop(p)
