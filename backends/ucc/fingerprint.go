@@ -34,7 +34,11 @@ import (
 // team's collectives as it initialises them, and ranks that initialised
 // an allreduce of 1024 and one of 1000 elements and finalised both
 // unposted hung in their next, matching op (seen with UCC 1.9: the sizes
-// pick different algorithms, whose counters then disagree). Disagreement fails the work, on every rank, with the
+// pick different algorithms, whose counters then disagree). One rank
+// alone that initialises an allreduce and finalises it unposted hangs
+// the group's next allreduce too (tl/ucp takes an op's tag from the
+// team's counter at init: runs/2026-12-01_ucc12c-early-init/), so an
+// init cannot start ahead of the look at the board either. Disagreement fails the work, on every rank, with the
 // verdict's words, and the group works on. The price: UCC's refusal of an
 // op (ErrUnsupported) comes back at issue only where the op starts at
 // once, else from Wait. Point to point ops (two-rank active sets) carry no
