@@ -355,6 +355,12 @@ func (q *queue) takeLane(t uint64, inline func(*job) bool) *job {
 // cost a wake-up and race that caller for a core (the nudge wakes one
 // if nobody comes).
 func (q *queue) kick() {
+	if q.n.Load() == 0 {
+		// Nothing queued: a job pushed from now on is push's to wake
+		// for, and one that a waiter pushed before it looked is counted
+		// (n is written before push returns).
+		return
+	}
 	q.mu.Lock()
 	if q.closed == nil && q.head < len(q.items) && q.idle > 0 && q.headReady() {
 		if h := q.items[q.head]; !h.lane || h.waited.Load() {

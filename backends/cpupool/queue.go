@@ -2,6 +2,7 @@ package cpupool
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -45,6 +46,10 @@ type queue struct {
 	armed  bool   // nudge is set
 	pops   uint64 // jobs removed so far (popped or taken)
 	seen   uint64 // pops when nudge was set
+	// n is how many jobs are queued (len(items) - head), written under
+	// mu: kick looks at it without the lock, as most kicks (one per lane
+	// op, after its run) find the queue empty.
+	n atomic.Int32
 	// ready, when set, says whether a job at the head may be popped now
 	// (a lane op only in its turn: lanes.go); others wait behind it.
 	ready func(*job) bool
@@ -102,6 +107,7 @@ func (q *queue) push(j *job) bool {
 		return false
 	}
 	q.items = append(q.items, j)
+	q.n.Add(1)
 	if q.idle > 0 {
 		if q.nudge != nil && (j.lane || len(q.items)-q.head == 1) {
 			q.armLocked()
@@ -136,6 +142,7 @@ func (q *queue) popHeadLocked() *job {
 	q.items[q.head] = nil
 	q.head++
 	q.pops++
+	q.n.Add(-1)
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
 	} else if q.idle > 0 && q.headReady() {
@@ -155,6 +162,7 @@ func (q *queue) take(j *job) bool {
 	q.items[q.head] = nil
 	q.head++
 	q.pops++
+	q.n.Add(-1)
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
 	}
@@ -170,6 +178,7 @@ func (q *queue) close(err error) {
 	}
 	rest := q.items[q.head:]
 	q.items, q.head = nil, 0
+	q.n.Store(0)
 	q.cond.Broadcast()
 	q.mu.Unlock()
 	for _, j := range rest {
