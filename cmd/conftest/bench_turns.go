@@ -143,12 +143,26 @@ func writeTurns(w io.Writer, r *benchReport) {
 			if p.Name != rawName {
 				continue
 			}
+			// within counts the turns that meet the goal on their own: a
+			// median at the goal's edge reads differently with 1 of 5
+			// than with 4 of 5.
+			within := func(ok func(i int) bool) int {
+				k := 0
+				for i := range o {
+					if ok(i) {
+						k++
+					}
+				}
+				return k
+			}
 			switch {
 			case row.Bytes <= 8:
-				goals = append(goals, fmt.Sprintf("%d B: median %+.2f µs over raw libucc in %d turns (goal <= 1 µs): %s", row.Bytes, diff, len(o), metOrMissed(diff <= 1)))
+				k := within(func(i int) bool { return diffs[i] <= 1 })
+				goals = append(goals, fmt.Sprintf("%d B: median %+.2f µs over raw libucc in %d turns, %d within (goal <= 1 µs): %s", row.Bytes, diff, len(o), k, metOrMissed(diff <= 1)))
 			case row.Bytes >= 1<<20:
 				pct := 100 * (med - 1)
-				goals = append(goals, fmt.Sprintf("%d B: median %+.1f%% over raw libucc in %d turns (goal <= 5%%): %s", row.Bytes, pct, len(o), metOrMissed(pct <= 5)))
+				k := within(func(i int) bool { return ratios[i] <= 1.05 })
+				goals = append(goals, fmt.Sprintf("%d B: median %+.1f%% over raw libucc in %d turns, %d within (goal <= 5%%): %s", row.Bytes, pct, len(o), k, metOrMissed(pct <= 5)))
 			}
 		}
 	}
