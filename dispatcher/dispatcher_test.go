@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -527,5 +528,48 @@ func TestFailedBackendIsNeverClosed(t *testing.T) {
 	}
 	if err := pg.Close(ctx); err != nil { // would panic on the nil *recorder
 		t.Fatal(err)
+	}
+}
+
+// TestHooksSeeOneOpInfo: an op's pre and post hooks see the same OpInfo
+// (the dispatcher builds it for each from the op's record): its numbers,
+// tensors, peer, backend, device and issue time.
+func TestHooksSeeOneOpInfo(t *testing.T) {
+	pg := initRanks(t, 2, "reccpu", &callLog{})[0]
+	ctx := context.Background()
+	var mu sync.Mutex
+	var pre, post []OpInfo
+	pg.AddHooks(Hooks{
+		Pre: func(_ context.Context, i OpInfo) { mu.Lock(); pre = append(pre, i); mu.Unlock() },
+		Post: func(_ context.Context, i OpInfo, _ backend.Work, _ error) {
+			mu.Lock()
+			post = append(post, i)
+			mu.Unlock()
+		},
+	})
+	x := []*tensor.Tensor{host(t, tensor.Float32, 3)}
+	big := host(t, tensor.Float32, 6)
+	pg.Allreduce(ctx, x, backend.AllreduceOptions{Timeout: time.Second})
+	pg.Send(ctx, x, 1, backend.SendOptions{})
+	pg.AllgatherIntoTensor(ctx, big, x[0], backend.AllgatherIntoTensorOptions{})
+	if len(pre) != 3 || len(post) != 3 {
+		t.Fatalf("%d pre and %d post hook calls, want 3 each", len(pre), len(post))
+	}
+	for k := range pre {
+		if !reflect.DeepEqual(pre[k], post[k]) {
+			t.Errorf("op %d: pre saw %+v, post %+v", k, pre[k], post[k])
+		}
+		if pre[k].Issued.IsZero() || pre[k].Backend != "reccpu" || pre[k].Device != tensor.Host || pre[k].Group != "0" || pre[k].GroupSize != 2 {
+			t.Errorf("op %d: %+v", k, pre[k])
+		}
+	}
+	if p := pre[1]; p.Peer != 1 || p.P2PSeq != 1 || p.CollSeq != 1 || len(p.Inputs) != 1 || p.Outputs != nil {
+		t.Errorf("send: %+v", p)
+	}
+	if a := pre[2]; a.Peer != -1 || a.Seq != 2 || a.Inputs[0] != x[0] || a.Outputs[0] != big || a.Timeout != pg.timeout {
+		t.Errorf("allgather_into_tensor: %+v", a)
+	}
+	if pre[0].Timeout != time.Second {
+		t.Errorf("allreduce timeout %v, want the op's 1s", pre[0].Timeout)
 	}
 }
