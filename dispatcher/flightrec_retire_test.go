@@ -73,7 +73,7 @@ func TestRecorderRetiresHostWorksOnIssue(t *testing.T) {
 }
 
 // TestRecorderLeavesDeviceWorksToThePoll: a work that is not a host work
-// (no CompletedAt) is never queried on the issuing goroutine.
+// (no Outcome) is never queried on the issuing goroutine.
 func TestRecorderLeavesDeviceWorksToThePoll(t *testing.T) {
 	fr, err := newFlightRecorder(FlightRecorderOptions{Entries: 8, DumpPrefix: t.TempDir() + "/r", Poll: time.Hour}, 0, 1)
 	if err != nil {
@@ -93,7 +93,8 @@ func TestRecorderLeavesDeviceWorksToThePoll(t *testing.T) {
 	}
 }
 
-// queryCounter is a Work without CompletedAt that counts its queries.
+// queryCounter is a Work without Outcome (not a host work) that counts
+// its queries.
 type queryCounter struct {
 	backend.Work
 	queries int
