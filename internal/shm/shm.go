@@ -88,10 +88,8 @@ const DefaultRingBytes = 4 << 20
 type Pair struct {
 	Out, In *Ring
 
-	mu       sync.Mutex // orders Close, MarkDead (which touch the futex words) and Presence with Unmap
-	mem      []byte     // nil once unmapped
-	side     int        // 0: the creator's (writes ring 0)
-	presence *Presence  // the Presence this pair joined, if any
+	mu  sync.Mutex // orders Close and MarkDead (which touch the futex words) with Unmap
+	mem []byte     // nil once unmapped
 }
 
 // Ring is one direction of a pair. Write must not be called concurrently
@@ -113,11 +111,6 @@ type Ring struct {
 	// headCache is the producer's last look at head.
 	key       uint64
 	headCache uint64
-
-	// An In ring whose pair joined a Presence (presence.go): the
-	// consumer's Presence, and the producer's presence word.
-	presence  *Presence
-	peerState *atomic.Uint32
 
 	closed atomic.Bool
 	dead   atomic.Bool
@@ -242,7 +235,7 @@ func newPair(mem []byte, ringBytes, side int) *Pair {
 			key:      binary.LittleEndian.Uint64(mem[offKey:]) + uint64(i)<<1,
 		}
 	}
-	return &Pair{mem: mem, Out: r[side], In: r[1-side], side: side}
+	return &Pair{mem: mem, Out: r[side], In: r[1-side]}
 }
 
 // Unmap releases the mapping. The caller must make sure no Read or Write
@@ -252,9 +245,6 @@ func (p *Pair) Unmap() error {
 	defer p.mu.Unlock()
 	if p.mem == nil {
 		return nil
-	}
-	if p.presence != nil {
-		p.presence.remove(p) // its word goes with the mapping
 	}
 	err := syscall.Munmap(p.mem)
 	p.mem = nil

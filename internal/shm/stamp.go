@@ -91,50 +91,11 @@ func (r *Ring) Stamped() bool {
 // AwaitStamped waits until the frame at the head is there, as Await waits
 // for bytes (spin, Yield, slice and check as Await's), looking at the
 // frame's stamp rather than at tail. It fails as Await does.
-//
-// When the ring's pair joined a Presence (presence.go), the wait also
-// looks at what the producer says of itself: while the producer runs, a
-// wait that would yield (spin <= 0, Yield) polls instead, for up to
-// busySpin, since the frame is on its way and a yield would hand the core
-// to a peer that may have nothing to do; and once the producer waits, a
-// wait that would spin yields at once, since the producer cannot send
-// until it runs again, maybe on this core. A wait that gives the core up
-// (yields or sleeps) says so in its own Presence until the frame comes.
 func (r *Ring) AwaitStamped(ctx context.Context, spin, slice time.Duration, check func() error) error {
 	h := r.head.Load()
 	w, want := r.stampWord(h), r.stampOf(h)
-	if w.Load() == want {
-		return nil
-	}
-	err := r.awaitStamp(ctx, w, want, spin, slice, check)
-	if err == nil {
-		r.presence.set(presRunning)
-	}
-	return err
-}
-
-// stampYield is how long a wait that may spin (spin > 0) yields once
-// its spin is over or its producer waits, when its pair joined a
-// Presence and its ring sets no Yield of its own.
-const stampYield = time.Millisecond
-
-// busySpin bounds AwaitStamped's polls while the producer says it runs
-// and the wait would otherwise yield: the producer may have been
-// preempted (its word still says it runs), and with more ranks than
-// cores it may then need this core.
-const busySpin = 20 * time.Microsecond
-
-// awaitStamp is AwaitStamped's wait once the frame is not there at first.
-func (r *Ring) awaitStamp(ctx context.Context, w *atomic.Uint64, want uint64, spin, slice time.Duration, check func() error) error {
 	var start time.Time
 	yield := r.Yield
-	if yield <= 0 && r.presence != nil {
-		// A wait that may spin yields, rather than sleeps, for as long
-		// as one that may not: its peer stopped, and a sleep's wake-up
-		// (a halted virtual CPU's) costs hundreds of microseconds.
-		yield = stampYield
-	}
-	busy := busySpin
 	for i := 0; ; i++ {
 		// dead first: a frame written before the peer died is visible
 		// once its death is.
@@ -148,20 +109,6 @@ func (r *Ring) awaitStamp(ctx context.Context, w *atomic.Uint64, want uint64, sp
 		if dead {
 			return ErrPeerDead
 		}
-		if spin > 0 && i&15 == 15 && r.PeerWaiting() {
-			spin = 0 // the producer stopped: yield rather than spin
-		}
-		if spin <= 0 && busy > 0 && r.peerState != nil && !r.PeerWaiting() {
-			// The producer runs: its frame is on its way.
-			if i&255 == 255 {
-				if start.IsZero() {
-					start = time.Now()
-				} else if time.Since(start) > busy {
-					busy = 0
-				}
-			}
-			continue
-		}
 		if spin <= 0 && yield > 0 {
 			// The clock from the 16th poll on: a wait whose peer runs
 			// within a few yields (4 ranks on 2 cores: most) reads none.
@@ -173,7 +120,6 @@ func (r *Ring) awaitStamp(ctx context.Context, w *atomic.Uint64, want uint64, sp
 				}
 			}
 			if yield > 0 {
-				r.presence.set(presWaiting)
 				schedYield()
 				continue
 			}
@@ -202,7 +148,6 @@ func (r *Ring) awaitStamp(ctx context.Context, w *atomic.Uint64, want uint64, sp
 		if dl, ok := ctx.Deadline(); ok {
 			d = min(d, time.Until(dl)+time.Millisecond)
 		}
-		r.presence.set(presWaiting)
 		r.consWait.Store(1)
 		seq := r.dataSeq.Load()
 		// Announcing before checking (seq-cst) pairs with publish, which

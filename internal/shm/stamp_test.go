@@ -110,3 +110,33 @@ func TestStampedRefuses(t *testing.T) {
 		t.Fatal("a dead peer's frame was waited for")
 	}
 }
+
+// TestAwaitStampedYieldsBeforeSleep checks the order of a stamped-frame
+// wait's phases when it may spin: it spins for spin, then polls with
+// sched_yield until Yield has passed since it began, and only then
+// announces that it sleeps (consWait): a wait announces no sleep sooner
+// than Yield after it began.
+func TestAwaitStampedYieldsBeforeSleep(t *testing.T) {
+	a, b := pair(t, 1<<12)
+	const yield = 3 * time.Millisecond
+	b.In.Yield = yield
+	ctx := context.Background()
+	begun := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- b.In.AwaitStamped(ctx, 50*time.Microsecond, time.Millisecond, nil) }()
+	for b.In.consWait.Load() == 0 {
+		if time.Since(begun) > 10*time.Second {
+			t.Fatal("the wait never went to sleep")
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+	if slept := time.Since(begun); slept < yield {
+		t.Fatalf("the wait announced its sleep %v after it began, before its yield of %v was over", slept, yield)
+	}
+	if err := a.Out.WriteStamped(ctx, make([]byte, StampAlign), nil, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -46,6 +46,13 @@ const (
 	// laneYield is how long a lane receive polls with sched_yield before
 	// it sleeps when more ranks than cores share the host (shm.Ring.Yield).
 	laneYield = 100 * time.Microsecond
+	// laneYieldSpun is how long a lane receive polls with sched_yield,
+	// once its spin (PollSpin) is over, before it sleeps when every rank
+	// of this host has a core: the peer it waits for was descheduled
+	// (another process took its core), and a sleep's wake-up, a halted
+	// virtual CPU's above all, costs hundreds of microseconds, where the
+	// yield returns at once on an idle core and hands a shared one over.
+	laneYieldSpun = time.Millisecond
 )
 
 // The lane header's fields (after the stamp, bytes 0-7).

@@ -118,6 +118,8 @@ type Config struct {
 	// the ring itself before it parks (negative: never). The default is
 	// 50 µs, or never when more ranks share this host than it has CPUs:
 	// there, a rank that spins takes the core a peer needs to make progress.
+	// A lane receive that spun polls on with sched_yield for up to 1 ms
+	// (laneYieldSpun) before it parks.
 	PollSpin time.Duration
 }
 
@@ -152,7 +154,6 @@ type Mesh struct {
 	direct     bool                   // and may be read directly (direct.go)
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
-	presence   shm.Presence // this rank's word in every lane (shm.Presence)
 
 	notices sync.WaitGroup // abort notices in flight (notify)
 	readers sync.WaitGroup
@@ -297,9 +298,8 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 				if p.lane != nil {
 					p.lane.In.Yield = laneYield
 				}
-			}
-			if p.lane != nil {
-				m.presence.Add(p.lane) // lane waits look at the peer's word (shm.Presence)
+			} else if p.lane != nil && m.cfg.PollSpin > 0 {
+				p.lane.In.Yield = laneYieldSpun
 			}
 			m.readers.Add(2)
 			go m.shmReadLoop(p)
