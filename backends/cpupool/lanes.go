@@ -105,8 +105,9 @@ type laneOp struct {
 func (l *laneOp) Rank() int { return l.b.cfg.Rank }
 func (l *laneOp) Size() int { return l.b.cfg.WorldSize }
 
+// Send, Recv and RecvInto run within runLane's HoldLanes.
 func (l *laneOp) Send(ctx context.Context, peer int, buf []byte) error {
-	return l.b.mesh.LaneSend(ctx, peer, l.tag, l.fp, buf)
+	return l.b.mesh.LaneSendHeld(ctx, peer, l.tag, l.fp, buf)
 }
 
 func (l *laneOp) ReadPeer(peer int, dst []byte, addr uintptr) error {
@@ -118,12 +119,12 @@ func (l *laneOp) Expect(ctx context.Context, peer, n int) error {
 }
 
 func (l *laneOp) Recv(ctx context.Context, peer int, n, unit int, fn func(off int, src []byte)) error {
-	return l.b.mesh.LaneRecv(ctx, peer, l.tag, l.fp, n, unit, fn, func() error { return l.b.mesh.TagError(peer, l.tag, n) })
+	return l.b.mesh.LaneRecvHeld(ctx, peer, l.tag, l.fp, n, unit, fn, func() error { return l.b.mesh.TagError(peer, l.tag, n) })
 }
 
 func (l *laneOp) RecvInto(ctx context.Context, peer int, buf []byte, unit int, fn func(dst, src []byte)) error {
 	// The closures do not escape (LaneRecv only calls them): no allocation.
-	return l.b.mesh.LaneRecv(ctx, peer, l.tag, l.fp, len(buf), unit, func(off int, src []byte) { fn(buf[off:off+len(src)], src) },
+	return l.b.mesh.LaneRecvHeld(ctx, peer, l.tag, l.fp, len(buf), unit, func(off int, src []byte) { fn(buf[off:off+len(src)], src) },
 		func() error { return l.b.mesh.TagError(peer, l.tag, len(buf)) })
 }
 
@@ -295,6 +296,9 @@ func (b *Backend) runLane(ctx context.Context, j *job) error {
 		return err
 	}
 	defer b.laneEnd()
+	// One read lock for all of the op's lane messages (tcpmesh.HoldLanes).
+	b.mesh.HoldLanes()
+	defer b.mesh.ReleaseLanes()
 	j.lo = laneOp{b: b, tag: j.tag, fp: j.fp}
 	if j.laneRun == nil {
 		return b.runAllreduceLanes(ctx, &j.lo, j.bufs, j.k)

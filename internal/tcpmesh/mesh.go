@@ -154,6 +154,7 @@ type Mesh struct {
 	direct     bool                   // and may be read directly (direct.go)
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
+	laneHold   sync.RWMutex // read-held by lane ops (HoldLanes); Close takes it to unmap the lanes
 
 	notices sync.WaitGroup // abort notices in flight (notify)
 	readers sync.WaitGroup
@@ -192,7 +193,8 @@ type peer struct {
 	dl   bool // a write deadline is set
 
 	// The lane (lanes.go), nil without one. laneMu is read-held by lane
-	// calls; closeLane takes it to unmap, after which laneGone is set.
+	// calls (or the mesh's laneHold, by a lane op's); closeLane takes both
+	// to unmap, after which laneGone is set.
 	lane     *shm.Pair
 	laneMu   sync.RWMutex
 	laneGone bool
@@ -390,10 +392,19 @@ func (m *Mesh) Close() error {
 		p.wmu.Unlock()
 		p.mapMu.Unlock()
 	}
+	// The lane ops that hold the lanes (HoldLanes) end once their waits
+	// fail: every lane is closed first, then the lanes are unmapped.
+	for _, p := range m.peers {
+		if p != nil && p.lane != nil {
+			p.lane.Close()
+		}
+	}
+	m.laneHold.Lock()
 	for _, p := range m.peers {
 		if p != nil {
 			p.closeLane()
 		}
 	}
+	m.laneHold.Unlock()
 	return nil
 }
