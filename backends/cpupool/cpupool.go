@@ -105,6 +105,14 @@ type Options struct {
 	// 2 MiB at 2 ranks, where the lanes' copies stay in cache and beat the
 	// kernel's page-by-page reads; SmallBytes at more.
 	LaneBytes int
+	// RawLaneBytes, when > 0, is the size from which a direct-read
+	// allreduce of 2 ranks sends the raw half of the buffer over the
+	// lanes (coll.AllreduceDirectLanes: a user-space copy, no page
+	// pinned) and reads only the reduced half in place. Default 0: both
+	// halves by direct reads. An experiment's switch: on a shared 2-core
+	// machine it took 16 MiB in 8 % less time and 4 MiB in 10 % more
+	// (docs/perf.md, issue 17 sixth pass); a quiet machine decides.
+	RawLaneBytes int
 	// Window is how many segment receives are posted ahead (default 4).
 	Window int
 	// SocketBufferBytes, when > 0, sets SO_SNDBUF and SO_RCVBUF of the

@@ -90,6 +90,13 @@ func (b *Backend) directFor(n int) bool {
 	return b.cfg.WorldSize > 1 && b.mesh.Direct() && n > b.lanes
 }
 
+// rawLanesFor reports whether a direct allreduce of n bytes sends its raw
+// half over the lanes (Options.RawLaneBytes; 2 ranks only, where it was
+// measured).
+func (b *Backend) rawLanesFor(n int) bool {
+	return b.cfg.WorldSize == 2 && b.opts.RawLaneBytes > 0 && n >= b.opts.RawLaneBytes
+}
+
 // directPiece is how much of a peer's block a direct allreduce reads
 // before it reduces it: small enough to stay in cache.
 const directPiece = 512 << 10
@@ -246,10 +253,16 @@ func (b *Backend) runAllreduceLanes(ctx context.Context, lo *laneOp, bufs [][]by
 func (b *Backend) allreduceDirect(ctx context.Context, m backend.Meta, fp tcpmesh.Fingerprint, tensors []*tensor.Tensor, bufs [][]byte, k reduce.Kernel) (backend.Work, error) {
 	return b.collectiveLane(ctx, backend.OpAllreduce, m, fp, tensors, func(ctx context.Context, lo *laneOp) error {
 		buf := combineLocal(k, bufs, 0)
-		scratch := b.pool.Get(directPiece)
-		defer b.pool.Put(scratch)
-		if err := coll.AllreduceDirect(ctx, lo, buf, k, scratch); err != nil {
-			return err
+		if b.rawLanesFor(len(buf)) {
+			if err := coll.AllreduceDirectLanes(ctx, lo, buf, k); err != nil {
+				return err
+			}
+		} else {
+			scratch := b.pool.Get(directPiece)
+			defer b.pool.Put(scratch)
+			if err := coll.AllreduceDirect(ctx, lo, buf, k, scratch); err != nil {
+				return err
+			}
 		}
 		b.post(k, buf, b.cfg.WorldSize*len(bufs))
 		for _, o := range bufs[1:] {

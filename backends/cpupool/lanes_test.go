@@ -2,6 +2,7 @@ package cpupool_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"syscall"
@@ -333,4 +334,57 @@ func allreduceValues(ctx context.Context, b backend.Backend, dt tensor.DType, op
 		return nil, err
 	}
 	return x.Float64s()
+}
+
+// rawLaneOpts makes every 2-rank allreduce beyond 256 KiB a direct one
+// that sends its raw half over the lanes (Options.RawLaneBytes), so that
+// small buffers run it.
+var rawLaneOpts = &cpupool.Options{Transport: "shm", LaneBytes: 256 << 10, RawLaneBytes: 256<<10 + 1}
+
+// TestDirectRawLanes runs direct allreduces of 2 ranks whose raw half
+// goes over the lanes (coll.AllreduceDirectLanes): every reduce op on
+// integer and floating types of every width, odd counts (blocks of
+// unequal length, several raw chunks, gathers in groups and the rest),
+// one op after another on the same lanes.
+func TestDirectRawLanes(t *testing.T) {
+	ctx := context.Background()
+	ops := []reduceop.ReduceOp{backend.SUM, backend.PRODUCT, backend.MIN, backend.MAX, backend.AVG, backend.BAND, backend.BOR, backend.BXOR}
+	bs := group(t, 2, rawLaneOpts)
+	for _, dt := range []tensor.DType{tensor.Int8, tensor.Int32, tensor.BFloat16, tensor.Float32, tensor.Float64} {
+		elems := (1<<20)/dt.Size() + 4001
+		for _, op := range ops {
+			if op.ValidFor(dt) != nil {
+				continue
+			}
+			each(t, bs, func(r int, b backend.Backend) error {
+				return checkLaneValues(ctx, b, dt, op, 2, r, elems, func(rank, i int) float64 { return float64((i+rank)%3 + 1) })
+			})
+		}
+	}
+}
+
+// TestDirectRawLanesPeerDeath: a rank whose peer dies while it waits in
+// a direct allreduce with the raw half over the lanes names the peer
+// with ErrRemote, promptly.
+func TestDirectRawLanesPeerDeath(t *testing.T) {
+	ctx := context.Background()
+	bs := group(t, 2, rawLaneOpts)
+	x := tensor.New(tensor.Float32, 1<<20)
+	w, err := bs[0].Allreduce(ctx, backend.Meta{Timeout: time.Minute}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	_ = bs[1].Abort(ctx, errors.New("simulated crash"))
+	done := make(chan error, 1)
+	go func() { done <- w.Wait(ctx) }()
+	select {
+	case err := <-done:
+		var oe *backend.OpError
+		if !errors.Is(err, backend.ErrRemote) || !errors.As(err, &oe) || len(oe.Ranks) != 1 || oe.Ranks[0] != 1 {
+			t.Fatalf("want ErrRemote naming rank 1, got %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("hang after peer death")
+	}
 }

@@ -41,6 +41,7 @@ var (
 	knobSegment    = size("SegmentBytes", coll.DefaultSegment)
 	knobSmall      = size("SmallBytes", coll.DefaultSmall)
 	knobLane       = size("LaneBytes", 0) // 0: laneBytes picks by world size
+	knobRawLane    = size("RawLaneBytes", 0)
 	knobWindow     = size("Window", coll.DefaultWindow)
 	knobSockBuf    = size("SocketBufferBytes", 0) // 0: the kernel's autotuning
 	knobMaxMessage = knob.Knob[int64]{Field: field("MaxMessageBytes"), Default: defaultMaxMessage, Check: knob.Positive[int64]}
@@ -70,6 +71,7 @@ func resolveOptions(o Options, groupTimeout time.Duration, env knob.Env) (Option
 	num(&o.SegmentBytes, knobSegment)
 	num(&o.SmallBytes, knobSmall)
 	num(&o.LaneBytes, knobLane)
+	num(&o.RawLaneBytes, knobRawLane)
 	num(&o.Window, knobWindow)
 	num(&o.SocketBufferBytes, knobSockBuf)
 	num(&o.ShmRingBytes, knobShmRing)
