@@ -72,13 +72,6 @@ func (pg *ProcessGroup) AddHooks(h Hooks) {
 	}
 }
 
-// hooked reports whether the group has hooks (AddHooks): only then is
-// the OpInfo built.
-func (pg *ProcessGroup) hooked() bool {
-	h := pg.hooks.Load()
-	return h != nil && len(*h) > 0
-}
-
 // opCall is one op in flight through the dispatcher. It lives on the
 // issuing goroutine's stack: nothing of it is allocated. It is kept small
 // and filled in place (begin), field by field: the generated methods zero
