@@ -118,8 +118,9 @@ type Config struct {
 	// the ring itself before it parks (negative: never). The default is
 	// 50 µs, or never when more ranks share this host than it has CPUs:
 	// there, a rank that spins takes the core a peer needs to make progress.
-	// A lane receive that spun polls on with sched_yield for up to 1 ms
-	// (laneYieldSpun) before it parks.
+	// A lane receive spins for at most 5 µs of it (laneSpinMax), then polls
+	// with sched_yield until 1 ms has passed (laneYieldSpun) before it
+	// parks.
 	PollSpin time.Duration
 }
 
@@ -154,7 +155,8 @@ type Mesh struct {
 	direct     bool                   // and may be read directly (direct.go)
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
-	laneHold   sync.RWMutex // read-held by lane ops (HoldLanes); Close takes it to unmap the lanes
+	laneHold   sync.RWMutex  // read-held by lane ops (HoldLanes); Close takes it to unmap the lanes
+	laneSpin   time.Duration // how long a lane receive spins (PollSpin, at most laneSpinMax)
 
 	notices sync.WaitGroup // abort notices in flight (notify)
 	readers sync.WaitGroup
@@ -290,6 +292,7 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 			m.cfg.PollSpin = -1
 		}
 	}
+	m.laneSpin = m.cfg.PollSpin // lane receives; at most laneSpinMax where they spin
 	for _, p := range m.peers {
 		if p == nil {
 			continue
@@ -302,6 +305,7 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 				}
 			} else if p.lane != nil && m.cfg.PollSpin > 0 {
 				p.lane.In.Yield = laneYieldSpun
+				m.laneSpin = min(m.cfg.PollSpin, laneSpinMax)
 			}
 			m.readers.Add(2)
 			go m.shmReadLoop(p)
