@@ -152,7 +152,8 @@ type Backend struct {
 	small   smallSlab // C memory for small ops (small.go)
 
 	// driving counts the goroutines progressing UCC from Wait (drive.go);
-	// posting counts the submits waiting for mu, which the drivers let in.
+	// posting counts the other goroutines waiting for mu (lockOut: a
+	// submit, the watchdog, Abort, Close), which the drivers let in.
 	driving, posting atomic.Int32
 	// drives counts the drive and submit calls ever made: the progress goroutine
 	// reads it once per nap to tell whether callers drive UCC (it then
@@ -311,7 +312,7 @@ func (b *Backend) Options() Options { return b.opts }
 // works, stops the progress goroutine and, when UCC holds no posted
 // request, destroys the team, the context and the library handle.
 func (b *Backend) Close(ctx context.Context) error {
-	b.mu.Lock()
+	b.lockOut()
 	if b.stopped != nil {
 		b.mu.Unlock()
 		return nil
@@ -327,7 +328,7 @@ func (b *Backend) Close(ctx context.Context) error {
 		}
 	}
 	b.halt()
-	b.mu.Lock()
+	b.lockOut()
 	defer b.mu.Unlock()
 	if len(b.pending) > 0 {
 		// Requests still posted (an op whose peer never came): UCC cannot
@@ -364,7 +365,7 @@ func (b *Backend) Abort(ctx context.Context, reason error) error {
 		reason = errors.New("abort requested")
 	}
 	aerr := &backend.OpError{Op: "abort", Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrAborted, Err: reason}
-	b.mu.Lock()
+	b.lockOut()
 	if b.stopped == nil || errors.Is(b.stopped, backend.ErrClosed) {
 		b.stopped = aerr
 	}
@@ -504,7 +505,7 @@ func (b *Backend) progress() {
 		}
 		if now.Sub(lastTick) >= tickEvery {
 			lastTick = now
-			b.mu.Lock()
+			b.lockOut()
 			b.watchLocked()
 			b.wd.Retire(func(w *work) bool { return w.IsCompleted() })
 			acts := b.wd.Tick(now)
@@ -570,7 +571,7 @@ func (b *Backend) reapLocked() int {
 // checkRemote reads the remote-error key when a peer's abort could fail a
 // pending work, and feeds it to the watchdog.
 func (b *Backend) checkRemote() {
-	b.mu.Lock()
+	b.lockOut()
 	want := b.wd.WantsRemote()
 	b.mu.Unlock()
 	if !want {
@@ -582,7 +583,7 @@ func (b *Backend) checkRemote() {
 	if !ok {
 		return
 	}
-	b.mu.Lock()
+	b.lockOut()
 	acts := b.wd.RemoteSignal(string(v))
 	b.mu.Unlock()
 	b.perform(acts)

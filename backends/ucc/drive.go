@@ -28,6 +28,19 @@ const waitDrive = time.Second
 // of a round trip through Go (a cgo crossing, the lock, the reap).
 const driveSpin = 20 * time.Microsecond
 
+// driveSlice bounds the later gu_drive calls of an op that outlived its
+// first slice (driveSpin): a large op, which C then drives for up to
+// driveSlice per crossing. Why: each return to Go (the reap of every
+// pending work, TryLock, a crossing per work) is time this rank does not
+// progress UCC, and at 4 ranks a 1 MiB allreduce (350 µs, ~17 slices of
+// driveSpin) waits on every rank's progress at each of its steps; the raw
+// loop never leaves C. What a long slice would hold up sees it: a
+// submit, the progress goroutine's watchdog round, Abort and Close raise
+// b.posting (lockOut), which ends the slice at once; a second goroutine
+// in Wait (b.driving > 1) ends it after driveSpin, as before; ctx and
+// waitDrive are looked at after every long slice.
+const driveSlice = time.Millisecond
+
 // reschedEvery is how often a driver passes through the Go scheduler
 // (runtime.Gosched, checked every 128 gu_drive calls). Why: a goroutine
 // that never blocks keeps its P's schedule tick, and every 10 ms the
@@ -73,8 +86,10 @@ func (b *Backend) drive(ctx context.Context, h *handle) (start time.Time) {
 	// gu_drive stops when a submit waits for b.mu: it reads b.posting
 	// (an int32 with no Go pointers around it) while it spins.
 	stop := (*C.int32_t)(unsafe.Pointer(&b.posting))
+	drivers := (*C.int32_t)(unsafe.Pointer(&b.driving))
+	spin := driveSpin
 	for n := 0; !h.IsCompleted(); n++ {
-		if n&63 == 63 {
+		if n&63 == 63 || spin > driveSpin {
 			if start.IsZero() {
 				start = time.Now()
 			}
@@ -99,8 +114,12 @@ func (b *Backend) drive(ctx context.Context, h *handle) (start time.Time) {
 					// With an op held for its peers' fingerprints behind
 					// it, the loop also watches for them (fpWatchLocked).
 					slots, nslots, tag := b.fpWatchLocked()
-					w.live = int(C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, C.int64_t(driveSpin), b.yield, slots, nslots, tag))
+					w.live = int(C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, drivers, C.int64_t(spin), C.int64_t(driveSpin),
+						b.yield, slots, nslots, tag))
 					w.noteErr()
+					if w.live > 0 {
+						spin = driveSlice // it outlived a slice: a large op
+					}
 				} else if w != nil && b.fp != nil && b.fpDriveLocked(w, stop) {
 					// Held for its peers' fingerprints: the look at the
 					// board, the start and the drive in C (fpfast.go).
@@ -130,4 +149,16 @@ func (b *Backend) drive(ctx context.Context, h *handle) (start time.Time) {
 		}
 	}
 	return start
+}
+
+// lockOut takes b.mu for a goroutine that is not a driver: a submit, the
+// progress goroutine's watchdog and remote-error rounds, Abort, Close.
+// Raising b.posting first ends a driver's slice in C within a round of
+// progress (gu_drive reads it), where a plain Lock would wait for the
+// slice's end, up to driveSlice, and keeps the drivers' TryLock off
+// until it holds the lock.
+func (b *Backend) lockOut() {
+	b.posting.Add(1)
+	b.mu.Lock()
+	b.posting.Add(-1)
 }

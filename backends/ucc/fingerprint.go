@@ -249,7 +249,7 @@ func (b *Backend) fpTickLocked() {
 // fpTimeout is what the timeout of a held work says: the peers whose
 // fingerprints have not come. held is false for a work UCC has.
 func (b *Backend) fpTimeout(w *work, elapsed time.Duration) (ranks []int, sentence string, held bool) {
-	b.mu.Lock()
+	b.lockOut()
 	defer b.mu.Unlock()
 	g := b.fp
 	if g == nil || !w.fpw.held || !w.fpw.on {

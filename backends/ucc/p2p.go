@@ -91,7 +91,7 @@ func (b *Backend) p2p(ctx context.Context, op backend.Op, m backend.Meta, tensor
 // the ranks that did not arrive (the first, or all with WaitAllRanks).
 func (b *Backend) MonitoredBarrier(ctx context.Context, m backend.Meta, opts backend.MonitoredBarrierOptions) (backend.Work, error) {
 	op := backend.OpMonitoredBarrier
-	b.mu.Lock()
+	b.lockOut()
 	err := b.usableLocked(op, m.Seq)
 	b.mu.Unlock()
 	if err != nil {
@@ -201,7 +201,7 @@ func (b *Backend) poll(deadline time.Time, keys ...string) (bool, error) {
 		}
 		select {
 		case <-b.stop:
-			b.mu.Lock()
+			b.lockOut()
 			err := b.stopped
 			b.mu.Unlock()
 			return false, err

@@ -150,7 +150,6 @@ func errKind(err error) error {
 func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	_ = ctx
 	w := p.w
-	b.posting.Add(1) // a goroutine driving progress in Wait lets this in (drive.go)
 	// A caller in the backend, as a drive is: the progress goroutine
 	// keeps out of UCC while callers come (backend.go's progress). Why
 	// here too: UCC's post of a large op runs for milliseconds (1.4 ms at
@@ -158,8 +157,7 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	// for a nap, take b.mu for a progress round of milliseconds more and
 	// leave the next Wait spinning on TryLock: a third busy thread.
 	b.drives.Add(1)
-	b.mu.Lock()
-	b.posting.Add(-1)
+	b.lockOut() // a goroutine driving progress in Wait lets this in (drive.go)
 	defer b.mu.Unlock()
 	if err := b.usableLocked(p.op, p.m.Seq); err != nil {
 		return nil, err

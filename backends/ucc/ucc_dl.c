@@ -241,7 +241,10 @@ static int64_t gu_now_ns(void) {
 // gu_drive is the raw loop of a blocking C caller: progress ctx and reap
 // reqs until none is in progress (it returns 0), *stop turns nonzero (a
 // submit waits for the lock the caller holds) or spin_ns pass; then it
-// returns how many are still in progress. The clock is read every 16
+// returns how many are still in progress; with drivers (the count of
+// goroutines in Wait) it also returns once short_ns have passed while
+// *drivers is above 1: another waiter's op, which only Go reaps, is not
+// kept waiting for a long slice. The clock is read every 16
 // rounds, from the 16th on (the spin counts from there): a small op is
 // done before, and a clock read costs a good part of it. With yield, each
 // round that leaves the op in progress ends in sched_yield, so that a
@@ -250,9 +253,9 @@ static int64_t gu_now_ns(void) {
 // also returns once each of the nslots fingerprint board slots (see
 // gu_fp_drive) holds tag: the peers' fingerprints of the op held behind
 // this one are all in, and Go starts it now rather than after spin_ns.
-int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, int64_t spin_ns, int yield, const uintptr_t *slots,
-             int nslots, uint64_t tag) {
-	int64_t end = 0;
+int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, const int32_t *drivers, int64_t spin_ns,
+             int64_t short_ns, int yield, const uintptr_t *slots, int nslots, uint64_t tag) {
+	int64_t begin = 0, end = 0;
 	int seen = 0;
 	for (unsigned k = 1;; k++) {
 		int busy = gu_reap(reqs, n, err);
@@ -265,9 +268,12 @@ int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *sto
 		if ((k & 15) == 0) {
 			int64_t now = gu_now_ns();
 			if (end == 0) {
+				begin = now;
 				end = now + spin_ns;
 			} else if (now > end) {
 				return busy;
+			} else if (drivers != NULL && now - begin > short_ns && __atomic_load_n(drivers, __ATOMIC_RELAXED) > 1) {
+				return busy; // another Wait spins on the lock: its op is reaped only outside
 			}
 		}
 		p_ucc_context_progress((ctx_h)ctx);
@@ -321,7 +327,7 @@ int gu_fp_drive(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *a
 		left = end - gu_now_ns();
 		if (left < 0) return st;
 	}
-	return gu_drive(ctx, reqs, n, err, stop, left, yield, NULL, 0, 0);
+	return gu_drive(ctx, reqs, n, err, stop, NULL, left, left, yield, NULL, 0, 0);
 }
 
 // gu_yield gives the core away (Options.Yield) where Go spins without
