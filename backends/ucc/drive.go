@@ -38,8 +38,11 @@ const driveSpin = 20 * time.Microsecond
 // submit, the progress goroutine's watchdog round, Abort and Close raise
 // b.posting (lockOut), which ends the slice at once; a second goroutine
 // in Wait (b.driving > 1) ends it after driveSpin, as before; ctx and
-// waitDrive are looked at after every long slice.
-const driveSlice = time.Millisecond
+// waitDrive are looked at after every long slice. Why not longer: the
+// other pending works (not the one waited for) are reaped in Go, between
+// slices, so an earlier op's completion (its Future, IsCompleted) can lag
+// UCC's by up to a slice.
+const driveSlice = 250 * time.Microsecond
 
 // reschedEvery is how often a driver passes through the Go scheduler
 // (runtime.Gosched, checked every 128 gu_drive calls). Why: a goroutine
