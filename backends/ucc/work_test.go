@@ -3,6 +3,7 @@ package ucc
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -316,6 +317,47 @@ func TestIssuedIsTheOrigin(t *testing.T) {
 					t.Fatalf("Duration %v without Issued; want the op's own short time", d)
 				}
 			}
+		})
+	}
+}
+
+// TestDriveSliceEnds: a long C slice of the drive loop (driveSlice; here
+// ten minutes) on an op that stays in progress ends early, with the op
+// still in progress, for what it would otherwise hold up: a goroutine
+// that takes b.mu through lockOut (a submit, the watchdog, Abort, Close)
+// gets the lock, and a second goroutine in Wait (b.driving above 1) ends
+// it after driveSpin. Without lockOut's raise of b.posting, or without
+// gu_drive's look at b.driving, the slice runs its ten minutes and the
+// test fails at its minute.
+func TestDriveSliceEnds(t *testing.T) {
+	b := oneRank(t, "off")
+	for _, c := range []struct {
+		name string
+		act  func() // while the slice runs
+	}{
+		{"lockOut", func() { b.lockOut(); b.mu.Unlock() }},
+		{"second waiter", func() { b.driving.Add(2) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b.driving.Store(1) // the slice's own driver, as drive counts itself
+			defer b.driving.Store(0)
+			done := make(chan int, 1)
+			go func() { done <- b.driveStuck(10 * time.Minute) }()
+			for b.mu.TryLock() { // until the slice holds b.mu
+				b.mu.Unlock()
+				runtime.Gosched()
+			}
+			acted := make(chan struct{})
+			go func() { c.act(); close(acted) }()
+			select {
+			case n := <-done:
+				if n != 1 {
+					t.Errorf("gu_drive left %d requests in progress, want 1", n)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("the slice did not end within a minute")
+			}
+			<-acted
 		})
 	}
 }
