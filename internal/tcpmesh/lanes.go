@@ -46,21 +46,6 @@ const (
 	// laneYield is how long a lane receive polls with sched_yield before
 	// it sleeps when more ranks than cores share the host (shm.Ring.Yield).
 	laneYield = 100 * time.Microsecond
-	// laneYieldSpun is how long a lane receive polls with sched_yield,
-	// once its spin (PollSpin) is over, before it sleeps when every rank
-	// of this host has a core: the peer it waits for was descheduled
-	// (another process took its core), and a sleep's wake-up, a halted
-	// virtual CPU's above all, costs hundreds of microseconds, where the
-	// yield returns at once on an idle core and hands a shared one over.
-	laneYieldSpun = time.Millisecond
-	// laneSpinMax bounds how long a lane receive spins (of PollSpin)
-	// before it polls with sched_yield: a small op's frame comes within
-	// a microsecond or two when the peer runs, and when it does not run
-	// because it shares this core, every microsecond of spin is one the
-	// peer waits for the core. 2 ranks on one core (another process took
-	// the other): 19-59 µs per 8 B allreduce with 50 µs of spin, docs/perf.md,
-	// issue 17.
-	laneSpinMax = 5 * time.Microsecond
 )
 
 // The lane header's fields (after the stamp, bytes 0-7).
@@ -196,7 +181,7 @@ func (m *Mesh) laneRecv(ctx context.Context, p *peer, tag uint64, fp Fingerprint
 	for {
 		// A frame is published whole: once its stamp is there, so is
 		// the rest.
-		if err := in.AwaitStamped(ctx, m.laneSpin, laneSlice, check); err != nil {
+		if err := in.AwaitStamped(ctx, m.cfg.PollSpin, laneSlice, check); err != nil {
 			return m.laneErr(p, err)
 		}
 		a, b := in.FrameAt(0, laneHdr)

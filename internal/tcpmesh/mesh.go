@@ -118,9 +118,6 @@ type Config struct {
 	// the ring itself before it parks (negative: never). The default is
 	// 50 µs, or never when more ranks share this host than it has CPUs:
 	// there, a rank that spins takes the core a peer needs to make progress.
-	// A lane receive spins for at most 5 µs of it (laneSpinMax), then polls
-	// with sched_yield until 1 ms has passed (laneYieldSpun) before it
-	// parks.
 	PollSpin time.Duration
 }
 
@@ -155,8 +152,7 @@ type Mesh struct {
 	direct     bool                   // and may be read directly (direct.go)
 	probes     map[uint64]chan uint64
 	probeID    atomic.Uint64
-	laneHold   sync.RWMutex  // read-held by lane ops (HoldLanes); Close takes it to unmap the lanes
-	laneSpin   time.Duration // how long a lane receive spins (PollSpin, at most laneSpinMax)
+	laneHold   sync.RWMutex // read-held by lane ops (HoldLanes); Close takes it to unmap the lanes
 
 	notices sync.WaitGroup // abort notices in flight (notify)
 	readers sync.WaitGroup
@@ -292,7 +288,6 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 			m.cfg.PollSpin = -1
 		}
 	}
-	m.laneSpin = m.cfg.PollSpin // lane receives; at most laneSpinMax where they spin
 	for _, p := range m.peers {
 		if p == nil {
 			continue
@@ -303,9 +298,6 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 				if p.lane != nil {
 					p.lane.In.Yield = laneYield
 				}
-			} else if p.lane != nil && m.cfg.PollSpin > 0 {
-				p.lane.In.Yield = laneYieldSpun
-				m.laneSpin = min(m.cfg.PollSpin, laneSpinMax)
 			}
 			m.readers.Add(2)
 			go m.shmReadLoop(p)

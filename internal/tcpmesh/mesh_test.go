@@ -202,27 +202,3 @@ func BenchmarkPingPong8(b *testing.B) {
 		})
 	}
 }
-
-// TestLaneSpin: where lane receives may spin (2 ranks on a host with a
-// core each), they spin at most 5 µs of PollSpin before they yield, so
-// that a peer that shares this core gets it soon; a PollSpin that forbids
-// polling forbids it on the lanes too. With more ranks than cores,
-// nothing spins.
-func TestLaneSpin(t *testing.T) {
-	for _, c := range []struct {
-		spin, want time.Duration
-	}{{0, 5 * time.Microsecond}, {2 * time.Microsecond, 2 * time.Microsecond}, {-1, -1}} {
-		ms := meshtest.Connect(t, 2, tcpmesh.Config{Transport: "shm", ShmRingBytes: 1 << 16, PollSpin: c.spin})
-		m := ms[0]
-		if !m.Lanes() {
-			t.Skip("no lanes here")
-		}
-		want := c.want
-		if m.Oversubscribed() {
-			want = -1
-		}
-		if got := m.LaneSpin(); got != want {
-			t.Errorf("PollSpin %v: lane receives spin %v, want %v (PollSpin in effect %v)", c.spin, got, want, m.PollSpin())
-		}
-	}
-}

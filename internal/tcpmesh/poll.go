@@ -113,11 +113,6 @@ func Blocking(ctx context.Context) (resume func()) {
 // in); negative means receives park at once.
 func (m *Mesh) PollSpin() time.Duration { return m.cfg.PollSpin }
 
-// LaneSpin is how long a lane receive spins before it polls with
-// sched_yield: PollSpin, but at most laneSpinMax (5 µs) where lane
-// receives spin at all.
-func (m *Mesh) LaneSpin() time.Duration { return m.laneSpin }
-
 // poll reads the whole frames a shared-memory peer has sent, on the
 // caller's goroutine, if no one else is reading them now. It never waits
 // for bytes: a frame not wholly there yet, or a reader that holds the
