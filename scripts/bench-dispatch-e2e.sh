@@ -25,21 +25,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 before=${1:?usage: scripts/bench-dispatch-e2e.sh BEFORE_REV [ROUNDS]}
 rounds=${2:-4}
 out=${OUT:-/tmp/bench-dispatch-e2e.$$}
-mkdir -p "$out"
-lock=/tmp/gocoll-bench.lock
-
-tree=$out/before-tree
-rm -rf "$tree" && mkdir -p "$tree"
-git -C "$here" archive "$before" | tar -x -C "$tree"
-[ -f "$tree/dispatcher/direct_bench_test.go" ] || cp "$here/dispatcher/direct_bench_test.go" "$tree/dispatcher/"
-for side in before after; do
-	src=$here
-	[ $side = before ] && src=$tree
-	(cd "$src" && go test -c -o "$out/disp-$side.test" ./dispatcher && go build -o "$out/conftest-$side" ./cmd/conftest)
-done
-
-raw=$out/raw.txt
-: >"$raw"
+. "$here/scripts/bench-dispatch-common.sh"
 load() { cut -d' ' -f1 /proc/loadavg; }
 cpu() { # side sub
 	local t
@@ -68,21 +54,4 @@ done
 for r in $(seq "$rounds"); do
 	for side in $(order "$r"); do direct "$side"; done
 done
-python3 - "$raw" <<'EOF'
-import collections, statistics, sys
-vals = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    side, name, *kv = line.split()
-    for p in kv:
-        k, _, v = p.partition("=")
-        if k == "load":
-            continue
-        try:
-            vals[(name, k, side)].append(float(v))
-        except ValueError:
-            pass
-for (name, k, side), xs in sorted(vals.items()):
-    xs.sort()
-    print(f"{name:40s} {k:18s} {side:6s} min {xs[0]:9.2f}  median {statistics.median(xs):9.2f}  max {xs[-1]:9.2f}  (n={len(xs)})")
-EOF
-echo "raw: $raw"
+summarize

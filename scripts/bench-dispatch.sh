@@ -24,23 +24,10 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 before=${1:?usage: scripts/bench-dispatch.sh BEFORE_REV [ROUNDS]}
 rounds=${2:-3}
 out=${OUT:-/tmp/bench-dispatch.$$}
-mkdir -p "$out"
-lock=/tmp/gocoll-bench.lock
-
-tree=$out/before-tree
-rm -rf "$tree" && mkdir -p "$tree"
-git -C "$here" archive "$before" | tar -x -C "$tree"
-[ -f "$tree/dispatcher/direct_bench_test.go" ] || cp "$here/dispatcher/direct_bench_test.go" "$tree/dispatcher/"
-for side in before after; do
-	src=$here
-	[ $side = before ] && src=$tree
-	(cd "$src" && go test -c -o "$out/disp-$side.test" ./dispatcher && go build -o "$out/conftest-$side" ./cmd/conftest)
-done
+. "$here/scripts/bench-dispatch-common.sh"
 ucc=no
 if [ -e "${GOCOLL_UCC_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/gocoll/ucc-sid}/usr/lib" ]; then ucc=yes; fi
 
-raw=$out/raw.txt
-: >"$raw"
 bench() { # side name binary args...
 	local side=$1 name=$2 bin=$3
 	shift 3
@@ -70,19 +57,4 @@ for r in $(seq "$rounds"); do
 	cbench after conftest-cpupool-depth1 "" "$out/conftest-after" --backend cpupool --tune '--depth 1'
 	if [ $ucc = yes ]; then cbench after conftest-ucc-depth1 "scripts/ucc-run.sh --" "$out/conftest-after" --backend ucc --tune '--depth 1'; fi
 done
-python3 - "$raw" <<'EOF'
-import collections, statistics, sys
-vals = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    side, name, *kv = line.split()
-    for p in kv:
-        k, _, v = p.partition("=")
-        try:
-            vals[(name, k, side)].append(float(v))
-        except ValueError:
-            pass
-for (name, k, side), xs in sorted(vals.items()):
-    xs.sort()
-    print(f"{name:50s} {k:18s} {side:6s} min {xs[0]:9.2f}  median {statistics.median(xs):9.2f}  max {xs[-1]:9.2f}  (n={len(xs)})")
-EOF
-echo "raw: $raw"
+summarize
