@@ -61,32 +61,16 @@ func AllreduceDirect(ctx context.Context, t DirectLanes, buf []byte, k reduce.Ke
 	if n <= 1 || len(buf) == 0 {
 		return nil
 	}
-	var me [8]byte
-	binary.LittleEndian.PutUint64(me[:], uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))))
-	for p := range n {
-		if p != r {
-			if err := t.Send(ctx, p, me[:]); err != nil {
-				return err
-			}
-		}
+	if err := sendAddr(ctx, t, buf); err != nil {
+		return err
 	}
-	addrs := make([]uintptr, n)
-	for p := range n {
-		if p != r {
-			if err := t.Expect(ctx, p, 8); err != nil {
-				return err
-			}
-			if err := t.Recv(ctx, p, 8, 8, func(_ int, src []byte) { addrs[p] = uintptr(binary.LittleEndian.Uint64(src)) }); err != nil {
-				return err
-			}
-		}
+	addrs, err := recvAddrs(ctx, t)
+	if err != nil {
+		return err
 	}
 	e := k.ElemSize
 	blocks := SplitEven(buf, n, e)
-	offs := make([]uintptr, n)
-	for i := 1; i < n; i++ {
-		offs[i] = offs[i-1] + uintptr(len(blocks[i-1]))
-	}
+	offs := blockOffsets(blocks)
 	piece := len(scratch) - len(scratch)%e
 	blk := blocks[r]
 	step := directStep(len(blk), e)
@@ -127,8 +111,60 @@ func AllreduceDirect(ctx context.Context, t DirectLanes, buf []byte, k reduce.Ke
 			return err
 		}
 	}
-	for p := range n {
-		if p != r {
+	return recvNotices(ctx, t)
+}
+
+// sendAddr sends buf's address to every peer: the op's first message, so
+// that they can read buf straight from this process's memory.
+func sendAddr(ctx context.Context, t DirectLanes, buf []byte) error {
+	var me [8]byte
+	binary.LittleEndian.PutUint64(me[:], uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))))
+	return sendToPeers(ctx, t, me[:])
+}
+
+// recvAddrs receives every peer's buffer address (sendAddr's), indexed by
+// rank; its own entry stays 0.
+func recvAddrs(ctx context.Context, t DirectLanes) ([]uintptr, error) {
+	addrs := make([]uintptr, t.Size())
+	for p := range addrs {
+		if p == t.Rank() {
+			continue
+		}
+		if err := t.Expect(ctx, p, 8); err != nil {
+			return nil, err
+		}
+		if err := t.Recv(ctx, p, 8, 8, func(_ int, src []byte) { addrs[p] = uintptr(binary.LittleEndian.Uint64(src)) }); err != nil {
+			return nil, err
+		}
+	}
+	return addrs, nil
+}
+
+// blockOffsets returns each block's offset in the buffer the blocks split.
+func blockOffsets(blocks [][]byte) []uintptr {
+	offs := make([]uintptr, len(blocks))
+	for i := 1; i < len(blocks); i++ {
+		offs[i] = offs[i-1] + uintptr(len(blocks[i-1]))
+	}
+	return offs
+}
+
+// sendToPeers sends msg to every peer in rank order.
+func sendToPeers(ctx context.Context, t DirectLanes, msg []byte) error {
+	for p := range t.Size() {
+		if p != t.Rank() {
+			if err := t.Send(ctx, p, msg); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// recvNotices receives every peer's next notice (recvNotice's).
+func recvNotices(ctx context.Context, t DirectLanes) error {
+	for p := range t.Size() {
+		if p != t.Rank() {
 			if err := recvNotice(ctx, t, p); err != nil {
 				return err
 			}

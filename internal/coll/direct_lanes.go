@@ -2,8 +2,6 @@ package coll
 
 import (
 	"context"
-	"encoding/binary"
-	"unsafe"
 
 	"github.com/gocoll/gocoll/internal/reduce"
 )
@@ -53,21 +51,12 @@ func AllreduceDirectLanes(ctx context.Context, t DirectLanes, buf []byte, k redu
 	if n <= 1 || len(buf) == 0 {
 		return nil
 	}
-	var me [8]byte
-	binary.LittleEndian.PutUint64(me[:], uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))))
-	for p := range n {
-		if p != r {
-			if err := t.Send(ctx, p, me[:]); err != nil {
-				return err
-			}
-		}
+	if err := sendAddr(ctx, t, buf); err != nil {
+		return err
 	}
 	e := k.ElemSize
 	blocks := SplitEven(buf, n, e)
-	offs := make([]uintptr, n)
-	for i := 1; i < n; i++ {
-		offs[i] = offs[i-1] + uintptr(len(blocks[i-1]))
-	}
+	offs := blockOffsets(blocks)
 	step := rawStep(len(blocks[0]), e)
 	chunks := (len(blocks[0]) + step - 1) / step
 	for i := range min(2, chunks) {
@@ -75,16 +64,9 @@ func AllreduceDirectLanes(ctx context.Context, t DirectLanes, buf []byte, k redu
 			return err
 		}
 	}
-	addrs := make([]uintptr, n)
-	for p := range n {
-		if p != r {
-			if err := t.Expect(ctx, p, 8); err != nil {
-				return err
-			}
-			if err := t.Recv(ctx, p, 8, 8, func(_ int, src []byte) { addrs[p] = uintptr(binary.LittleEndian.Uint64(src)) }); err != nil {
-				return err
-			}
-		}
+	addrs, err := recvAddrs(ctx, t)
+	if err != nil {
+		return err
 	}
 	g := directGather{t: t, blocks: blocks, addrs: addrs, offs: offs, step: step, got: make([]int, n), read: make([]int, n)}
 	own := blocks[r]
@@ -117,21 +99,10 @@ func AllreduceDirectLanes(ctx context.Context, t DirectLanes, buf []byte, k redu
 			return err
 		}
 	}
-	for p := range n {
-		if p != r {
-			if err := t.Send(ctx, p, nil); err != nil {
-				return err
-			}
-		}
+	if err := sendToPeers(ctx, t, nil); err != nil {
+		return err
 	}
-	for p := range n {
-		if p != r {
-			if err := recvNotice(ctx, t, p); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return recvNotices(ctx, t)
 }
 
 // sendRaw sends chunk i of every peer's block to that peer.
