@@ -298,21 +298,6 @@ long long gn_bench_floor(uintptr_t ctx, uintptr_t comm, uintptr_t nstream, uintp
 	return (long long)(b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
 }
 
-long long gn_bench_floor_cur(uintptr_t ctx, uintptr_t comm, uintptr_t cur, uintptr_t endEv, uintptr_t buf, size_t count,
-                             int dt, int iters) {
-	struct timespec a, b;
-	clock_gettime(CLOCK_MONOTONIC, &a);
-	for (int i = 0; i < iters; i++) {
-		if (gn_make_current(ctx)) return -1;
-		int st = 0;
-		if (c_streamIsCapturing((CUstream)cur, &st)) return -3;
-		if (p_ncclAllReduce((void *)buf, (void *)buf, count, dt, 0, (ncclComm_t)comm, (CUstream)cur)) return -2;
-		if (c_eventRecord((CUevent)endEv, (CUstream)cur)) return -3;
-	}
-	clock_gettime(CLOCK_MONOTONIC, &b);
-	return (long long)(b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
-}
-
 long long gn_bench_floor_cur_evs(uintptr_t ctx, uintptr_t comm, uintptr_t cur, const uintptr_t *evs, int nev, int *next,
                                  uintptr_t buf, size_t count, int dt, int iters) {
 	struct timespec a, b;
@@ -329,6 +314,12 @@ long long gn_bench_floor_cur_evs(uintptr_t ctx, uintptr_t comm, uintptr_t cur, c
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	*next = k;
 	return (long long)(b.tv_sec - a.tv_sec) * 1000000000LL + (b.tv_nsec - a.tv_nsec);
+}
+
+long long gn_bench_floor_cur(uintptr_t ctx, uintptr_t comm, uintptr_t cur, uintptr_t endEv, uintptr_t buf, size_t count,
+                             int dt, int iters) {
+	int next = 0;
+	return gn_bench_floor_cur_evs(ctx, comm, cur, &endEv, 1, &next, buf, count, dt, iters);
 }
 
 // gn_bench_calls times each driver call of the floor loop on its own: the
