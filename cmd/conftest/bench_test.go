@@ -306,20 +306,8 @@ func TestBenchCommand(t *testing.T) {
 		peers = mpiName
 	}
 	path := filepath.Join(t.TempDir(), "out.json")
-	stdout := os.Stdout
-	r, w, _ := os.Pipe()
-	os.Stdout = w
-	var table bytes.Buffer
-	done := make(chan struct{})
-	go func() { io.Copy(&table, r); close(done) }()
-	err := bench([]string{"--backend", "cpupool", "--op", "all", "-b", "8", "-e", "64K", "-f", "32", "--nproc", "2", "-c", "1",
+	table := benchQuiet(t, []string{"--backend", "cpupool", "--op", "all", "-b", "8", "-e", "64K", "-f", "32", "--nproc", "2", "-c", "1",
 		"-n", "3", "-w", "1", "--peers", peers, "--json", path})
-	w.Close()
-	os.Stdout = stdout
-	<-done
-	if err != nil {
-		t.Fatalf("bench: %v\n%s", err, table.String())
-	}
 	f, err := readJSON(path)
 	if err != nil {
 		t.Fatal(err)
@@ -344,8 +332,8 @@ func TestBenchCommand(t *testing.T) {
 			}
 		}
 	}
-	if n := strings.Count(table.String(), "# #wrong (all series): 0\n"); n != len(benchOps) {
-		t.Errorf("%d tables with #wrong 0, want %d:\n%s", n, len(benchOps), table.String())
+	if n := strings.Count(table, "# #wrong (all series): 0\n"); n != len(benchOps) {
+		t.Errorf("%d tables with #wrong 0, want %d:\n%s", n, len(benchOps), table)
 	}
 }
 
@@ -493,4 +481,27 @@ func TestBenchBadInput(t *testing.T) {
 			t.Errorf("bench %q: %v, want an error with %q", c.args, err, c.want)
 		}
 	}
+}
+
+// benchQuiet runs bench with args and returns what it printed, captured
+// rather than printed; it fails the test, showing that, when bench fails.
+func benchQuiet(t *testing.T, args []string) string {
+	t.Helper()
+	stdout := os.Stdout
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Stdout = w
+	var table bytes.Buffer
+	done := make(chan struct{})
+	go func() { io.Copy(&table, r); close(done) }()
+	err = bench(args)
+	w.Close()
+	os.Stdout = stdout
+	<-done
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, table.String())
+	}
+	return table.String()
 }

@@ -2,9 +2,7 @@ package main
 
 import (
 	"bytes"
-	"io"
 	"math"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -92,20 +90,8 @@ func TestBenchBySize(t *testing.T) {
 		t.Skip("no mpicc: the Open MPI peer is the one peer of cpupool that needs no sid root")
 	}
 	path := filepath.Join(t.TempDir(), "out.json")
-	stdout := os.Stdout
-	r, w, _ := os.Pipe()
-	os.Stdout = w
-	var table bytes.Buffer
-	done := make(chan struct{})
-	go func() { io.Copy(&table, r); close(done) }()
-	err := bench([]string{"--backend", "cpupool", "--sizes", "8,4K", "--nproc", "2", "-n", "3", "-w", "1", "--peers", mpiName,
+	table := benchQuiet(t, []string{"--backend", "cpupool", "--sizes", "8,4K", "--nproc", "2", "-n", "3", "-w", "1", "--peers", mpiName,
 		"--by-size", "--repeat", "2", "--json", path})
-	w.Close()
-	os.Stdout = stdout
-	<-done
-	if err != nil {
-		t.Fatalf("bench: %v\n%s", err, table.String())
-	}
 	f, err := readJSON(path)
 	if err != nil {
 		t.Fatal(err)
@@ -121,9 +107,9 @@ func TestBenchBySize(t *testing.T) {
 		}
 	}
 	if got["cpupool"] != 4 || got[mpiName] != 4 {
-		t.Errorf("turns per series %v, want 4 each (2 sizes, 2 turns)\n%s", got, table.String())
+		t.Errorf("turns per series %v, want 4 each (2 sizes, 2 turns)\n%s", got, table)
 	}
-	if !strings.Contains(table.String(), "# turns: cpupool against openmpi") {
-		t.Errorf("no turns table:\n%s", table.String())
+	if !strings.Contains(table, "# turns: cpupool against openmpi") {
+		t.Errorf("no turns table:\n%s", table)
 	}
 }
