@@ -14,7 +14,7 @@ import (
 
 // The lane fast path. When every peer shares this host (and memory), an
 // allreduce of up to laneBytes runs over the mesh's lanes
-// (tcpmesh.LaneSend, LaneRecv; coll.AllreduceLanes): recursive doubling
+// (tcpmesh.HoldLanes, LaneSendHeld, LaneRecvHeld; coll.AllreduceLanes): recursive doubling
 // whose receives reduce straight out of shared memory on the op's own
 // goroutine, which is the caller's when it waits for the op (work.Wait
 // runs the job inline), so a small allreduce crosses no goroutine and no
@@ -130,7 +130,7 @@ func (l *laneOp) Recv(ctx context.Context, peer int, n, unit int, fn func(off in
 }
 
 func (l *laneOp) RecvInto(ctx context.Context, peer int, buf []byte, unit int, fn func(dst, src []byte)) error {
-	// The closures do not escape (LaneRecv only calls them): no allocation.
+	// The closures do not escape (LaneRecvHeld only calls them): no allocation.
 	return l.b.mesh.LaneRecvHeld(ctx, peer, l.tag, l.fp, len(buf), unit, func(off int, src []byte) { fn(buf[off:off+len(src)], src) },
 		func() error { return l.b.mesh.TagError(peer, l.tag, len(buf)) })
 }

@@ -96,23 +96,13 @@ func (m *Mesh) offerLane(ctx context.Context, p *peer) error {
 func (m *Mesh) Oversubscribed() bool { return 1+m.shmPeers > runtime.NumCPU() }
 
 // Lanes reports whether every peer has a lane, so that the backend may run
-// collectives over them (LaneSend, LaneRecv).
+// collectives over them (HoldLanes, LaneSendHeld, LaneRecvHeld).
 func (m *Mesh) Lanes() bool { return m.lanes }
-
-// LaneSend writes buf to peer's lane as the message of the op with tag,
-// described by fp (the same fingerprint as the rings' frames carry). It waits only while the peer's previous message is
-// unread.
-func (m *Mesh) LaneSend(ctx context.Context, peer int, tag uint64, fp Fingerprint, buf []byte) error {
-	p := m.peers[peer]
-	p.laneMu.RLock()
-	defer p.laneMu.RUnlock()
-	return m.laneSend(ctx, p, tag, fp, buf)
-}
 
 // HoldLanes keeps every lane mapped until ReleaseLanes, for the calls of
 // one lane op to LaneSendHeld and LaneRecvHeld, which take no lock of
-// their own: an op then pays one read lock rather than two atomic
-// updates per message (a tenth of a small allreduce's own CPU time at 4
+// their own: an op pays one read lock rather than two atomic updates per
+// message (a tenth of a small allreduce's own CPU time at 4
 // ranks, docs/perf.md, issue 17). Close waits for the holders, whose
 // waits its failure of the mesh ends.
 func (m *Mesh) HoldLanes() { m.laneHold.RLock() }
@@ -120,20 +110,18 @@ func (m *Mesh) HoldLanes() { m.laneHold.RLock() }
 // ReleaseLanes ends a HoldLanes.
 func (m *Mesh) ReleaseLanes() { m.laneHold.RUnlock() }
 
-// LaneSendHeld is LaneSend for a caller within HoldLanes.
+// LaneSendHeld writes buf to peer's lane as the message of the op with
+// tag, described by fp (the same fingerprint as the rings' frames carry).
+// It waits only while the peer's previous message is unread. The caller
+// holds the lanes (HoldLanes).
 func (m *Mesh) LaneSendHeld(ctx context.Context, peer int, tag uint64, fp Fingerprint, buf []byte) error {
-	return m.laneSend(ctx, m.peers[peer], tag, fp, buf)
-}
-
-// laneSend is LaneSend once p's lane is held (p.laneMu or m.laneHold).
-func (m *Mesh) laneSend(ctx context.Context, p *peer, tag uint64, fp Fingerprint, buf []byte) error {
+	p := m.peers[peer]
 	if len(buf) > LaneMax {
 		return fmt.Errorf("tcpmesh: lane message of %d bytes exceeds %d", len(buf), LaneMax)
 	}
 	if p.laneGone {
 		return m.errOr(ErrClosed)
 	}
-	peer := p.rank
 	h := p.lhdr[:]
 	binary.LittleEndian.PutUint64(h[lhTag:], tag)
 	binary.LittleEndian.PutUint64(h[lhLen:], uint64(len(buf)))
@@ -148,34 +136,21 @@ func (m *Mesh) laneSend(ctx context.Context, p *peer, tag uint64, fp Fingerprint
 	return nil
 }
 
-// LaneRecv reads the message of the op with tag from peer's lane: it
+// LaneRecvHeld reads the message of the op with tag from peer's lane: it
 // checks that the peer describes the op as fp does and sent n bytes, then hands
 // the payload to fn in runs of whole units of unit bytes (off is the run's
 // offset in the payload), straight from shared memory, and releases it.
 // unit must divide 8 (an element's size). check, when not nil, is called
 // while the receive is parked; its error ends the wait (a peer gave the
-// op up, say).
-func (m *Mesh) LaneRecv(ctx context.Context, peer int, tag uint64, fp Fingerprint, n, unit int, fn func(off int, src []byte), check func() error) error {
-	p := m.peers[peer]
-	p.laneMu.RLock()
-	defer p.laneMu.RUnlock()
-	return m.laneRecv(ctx, p, tag, fp, n, unit, fn, check)
-}
-
-// LaneRecvHeld is LaneRecv for a caller within HoldLanes.
+// op up, say). The caller holds the lanes (HoldLanes).
 func (m *Mesh) LaneRecvHeld(ctx context.Context, peer int, tag uint64, fp Fingerprint, n, unit int, fn func(off int, src []byte), check func() error) error {
-	return m.laneRecv(ctx, m.peers[peer], tag, fp, n, unit, fn, check)
-}
-
-// laneRecv is LaneRecv once p's lane is held (p.laneMu or m.laneHold).
-func (m *Mesh) laneRecv(ctx context.Context, p *peer, tag uint64, fp Fingerprint, n, unit int, fn func(off int, src []byte), check func() error) error {
 	if unit <= 0 || 8%unit != 0 {
 		return fmt.Errorf("tcpmesh: lane receive in units of %d bytes (want 1, 2, 4 or 8)", unit)
 	}
+	p := m.peers[peer]
 	if p.laneGone {
 		return m.errOr(ErrClosed)
 	}
-	peer := p.rank
 	in := p.lane.In
 	h := p.lrhdr[:]
 	for {

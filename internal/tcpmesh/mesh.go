@@ -190,14 +190,15 @@ type peer struct {
 	bufs net.Buffers
 	dl   bool // a write deadline is set
 
-	// The lane (lanes.go), nil without one. laneMu is read-held by lane
-	// calls (or the mesh's laneHold, by a lane op's); closeLane takes both
-	// to unmap, after which laneGone is set.
+	// The lane (lanes.go), nil without one. A lane op's messages hold the
+	// mesh's laneHold (HoldLanes); the other lane calls (LaneExpect,
+	// ReadPeer, laneConflict) read-hold laneMu; closeLane takes both to
+	// unmap, after which laneGone is set.
 	lane     *shm.Pair
 	laneMu   sync.RWMutex
 	laneGone bool
-	lhdr     [laneHdr]byte // LaneSend's header (one op at a time uses the lanes)
-	lrhdr    [laneHdr]byte // LaneRecv's
+	lhdr     [laneHdr]byte // LaneSendHeld's header (one op at a time uses the lanes)
+	lrhdr    [laneHdr]byte // LaneRecvHeld's
 	pid      int           // the peer's process id when ReadPeer works (direct.go), else 0
 }
 
