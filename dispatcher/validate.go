@@ -19,13 +19,11 @@ type targ struct {
 	shape byte // 'o', 'l' or 'L'
 }
 
-func one(name string, t *tensor.Tensor) targ         { return targ{name: name, one: t, shape: 'o'} }
-func list(name string, ts []*tensor.Tensor) targ     { return targ{name: name, list: ts, shape: 'l'} }
-func lists(name string, tss [][]*tensor.Tensor) targ { return targ{name: name, lists: tss, shape: 'L'} }
+func list(name string, ts []*tensor.Tensor) targ { return targ{name: name, list: ts, shape: 'l'} }
 
 // setOne, setList and setLists fill a zero view in place, as the
-// generated methods make theirs: a view returned by value (one, list,
-// lists) is built in a temporary and copied, 80 bytes whose narrow stores
+// generated methods make theirs: a view returned by value (as list's) is
+// built in a temporary and copied, 80 bytes whose narrow stores
 // the copy's wide loads cannot forward from (a stall of ~10 cycles each).
 func (a *targ) setOne(name string, t *tensor.Tensor) { a.name, a.one, a.shape = name, t, 'o' }
 
@@ -135,24 +133,30 @@ func (c *checker) innerLen(msg string, a *targ, want int) {
 	}
 }
 
-// isLone reports whether the argument holds exactly one tensor (a single
-// tensor, or a list of one): lone's case, for one argument, inline.
-func (a *targ) isLone() bool { return a.shape == 'o' || a.shape == 'l' && len(a.list) == 1 }
-
-// loneDevice returns the device of the argument's tensor when it holds
-// exactly one, non-nil (most calls), inline; ok is false otherwise.
-func (a *targ) loneDevice() (d tensor.Device, ok bool) {
-	var t *tensor.Tensor
+// loneTensor returns the argument's tensor when it holds exactly one (a
+// single tensor, or a list of one), the shape of most calls; i is its
+// index in its list, -1 for a single one. Small enough to inline, as are
+// isLone, loneDevice and lone, which the hot path calls.
+func (a *targ) loneTensor() (t *tensor.Tensor, i int, ok bool) {
 	switch {
 	case a.shape == 'o':
-		t = a.one
+		return a.one, -1, true
 	case a.shape == 'l' && len(a.list) == 1:
-		t = a.list[0]
+		return a.list[0], 0, true
 	}
-	if t == nil {
-		return tensor.Device{}, false
+	return nil, 0, false
+}
+
+// isLone reports whether the argument holds exactly one tensor.
+func (a *targ) isLone() bool { _, _, ok := a.loneTensor(); return ok }
+
+// loneDevice returns the device of the argument's tensor when it holds
+// exactly one, non-nil (most calls); ok is false otherwise.
+func (a *targ) loneDevice() (d tensor.Device, ok bool) {
+	if t, _, lone := a.loneTensor(); lone && t != nil {
+		return t.Device(), true
 	}
-	return t.Device(), true
+	return tensor.Device{}, false
 }
 
 // lone returns the tensor of args when they hold exactly one, the shape
@@ -162,13 +166,7 @@ func lone(args []*targ) (t *tensor.Tensor, i int, ok bool) {
 	if len(args) != 1 {
 		return nil, 0, false
 	}
-	switch a := args[0]; {
-	case a.shape == 'o':
-		return a.one, -1, true
-	case a.shape == 'l' && len(a.list) == 1:
-		return a.list[0], 0, true
-	}
-	return nil, 0, false
+	return args[0].loneTensor()
 }
 
 func (c *checker) eachTensor(msg string, args []*targ, bad func(t *tensor.Tensor) string) {
