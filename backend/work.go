@@ -234,7 +234,9 @@ func CompletedWork(seq uint64, outputs []*tensor.Tensor, err error) *HostWork {
 
 // MarkStarted records that a worker picked the op up.
 func (w *HostWork) MarkStarted() {
-	if w.started.CompareAndSwap(false, true) {
+	// The load first: Complete calls this on a started work, and a
+	// failed CompareAndSwap is still a locked instruction.
+	if !w.started.Load() && w.started.CompareAndSwap(false, true) {
 		w.start.Store(int64(Mono()))
 	}
 }
