@@ -211,8 +211,9 @@ type comm struct {
 	// watchdog retiring works would wait on (and spin for) every issue,
 	// and each issue's unlock would wake it. event takes the returned
 	// events back in bulk, under mu, when its pool runs dry.
-	retMu    sync.Mutex
-	returned []*cuda.Event
+	retMu     sync.Mutex
+	returned  []*cuda.Event // untimed, for free
+	returnedT []*cuda.Event // timed, for freeT
 	// launches numbers the works launched on this communicator, under mu:
 	// on one stream, a work with a lower number runs before one with a
 	// higher, which is what lets the watchdog retire a stream's works up
@@ -271,16 +272,23 @@ func (c *comm) event(timing bool) (*cuda.Event, error) {
 // reclaim moves the returned events into the pools; the caller holds c.mu.
 func (c *comm) reclaim() {
 	c.retMu.Lock()
-	for _, e := range c.returned {
-		if e.Timing() {
-			c.freeT = append(c.freeT, e)
-		} else {
-			c.free = append(c.free, e)
-		}
-	}
-	clear(c.returned)
-	c.returned = c.returned[:0]
+	c.free = takeEvents(c.free, &c.returned)
+	c.freeT = takeEvents(c.freeT, &c.returnedT)
 	c.retMu.Unlock()
+}
+
+// takeEvents moves the events of *ret into pool: an empty pool (the case
+// of event, which reclaims when its pool runs dry) trades its array for
+// ret's, with no copy.
+func takeEvents(pool []*cuda.Event, ret *[]*cuda.Event) []*cuda.Event {
+	if len(pool) == 0 {
+		pool, *ret = *ret, pool[:0]
+		return pool
+	}
+	pool = append(pool, *ret...)
+	clear(*ret)
+	*ret = (*ret)[:0]
+	return pool
 }
 
 // putEvents returns events (nil ones skipped) to the communicator. It
@@ -288,7 +296,11 @@ func (c *comm) reclaim() {
 func (c *comm) putEvents(es ...*cuda.Event) {
 	c.retMu.Lock()
 	for _, e := range es {
-		if e != nil {
+		switch {
+		case e == nil:
+		case e.Timing():
+			c.returnedT = append(c.returnedT, e)
+		default:
 			c.returned = append(c.returned, e)
 		}
 	}

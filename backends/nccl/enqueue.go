@@ -26,7 +26,7 @@ func (b *Backend) enqueue(w *Work) {
 	b.mu.Lock()
 	if w != nil {
 		b.flushLocked(w.c) // the unit keeps each communicator's launch order
-		b.wd.Enqueue(w, w.c.key, w.enq, w.timeout)
+		b.wd.Enqueue(w, w.c.key, w.enqTime(), w.timeout)
 	}
 	rel := b.takeUnstashLocked()
 	b.mu.Unlock()
@@ -57,7 +57,7 @@ func (b *Backend) flushLocked(c *comm) {
 	ws := listOldestFirst(staged, buf[:0])
 	ws = listOldestFirst(fresh, ws)
 	for _, w := range ws {
-		b.wd.Enqueue(w, c.key, w.enq, w.timeout)
+		b.wd.Enqueue(w, c.key, w.enqTime(), w.timeout)
 	}
 	clear(ws)
 }

@@ -86,12 +86,12 @@ func TestAsyncOnInternalStream(t *testing.T) {
 	})
 }
 
-// TestWorkLayout: the Work stays in its 160-byte size class (each op
+// TestWorkLayout: the Work stays in its 144-byte size class (each op
 // allocates one: a larger Work is more memory to allocate, zero and scan
 // per op, session 5's profile), with what only some ops need out of it.
 func TestWorkLayout(t *testing.T) {
-	if n := unsafe.Sizeof(Work{}); n > 160 {
-		t.Fatalf("Work is %d bytes, past its 160-byte size class: move fields that few ops need into workIssue or workLate", n)
+	if n := unsafe.Sizeof(Work{}); n > 144 {
+		t.Fatalf("Work is %d bytes, past its 144-byte size class: move fields that few ops need into workIssue or workLate", n)
 	}
 }
 

@@ -27,28 +27,20 @@ import (
 // (Meta.Timeout 0, from a caller that bypasses the dispatcher).
 const noTimeout = time.Duration(math.MaxInt64)
 
-// clockBase anchors monoNow. Set once, when the package loads; never
-// changed.
-var clockBase = time.Now()
-
-// monoNow is the time now read through the monotonic clock alone: one clock
-// read, where time.Now makes two (wall and monotonic; the pair took ~100 ns
-// per op on the GPU machine, pprof of hostcost). Its wall reading is
-// clockBase's plus the monotonic time since, so it does not follow steps of
-// the wall clock; a Work's enqueue time is only ever subtracted from other
-// times (timeouts, elapsed times), which use the monotonic readings.
-func monoNow() time.Time { return clockBase.Add(time.Since(clockBase)) }
-
-// issuedAt is op m's start, the origin of its timeout: the dispatcher's
-// clock reading when it made one (Meta.Issued), else the clock now. The
-// dispatcher reads it a few hundred nanoseconds before the launch; a
+// issuedAt is op m's start, the origin of its timeout, on the
+// backend.Mono clock: the dispatcher's reading when it made one
+// (Meta.Issued), else the clock now (one read: time.Now makes two, wall
+// and monotonic, ~100 ns per op on the GPU machine, pprof of hostcost).
+// The dispatcher reads it a few hundred nanoseconds before the launch; a
 // timeout then counts from a little earlier, which changes nothing a
-// caller can see.
-func issuedAt(m backend.Meta) time.Time {
+// caller can see. A Work keeps it as a Mono reading, not a time.Time (24
+// bytes with a pointer the GC would see on every store): it is only ever
+// subtracted from other times (timeouts, elapsed times).
+func issuedAt(m backend.Meta) time.Duration {
 	if m.Issued != 0 {
-		return backend.MonoTime(m.Issued)
+		return m.Issued
 	}
-	return monoNow()
+	return backend.Mono()
 }
 
 // opTimeout returns the timeout of op m, which the dispatcher resolved
@@ -104,17 +96,27 @@ func (b *Backend) loadComm(dev int) *comm {
 // submit routes an op's calls on device dev: queued while coalescing, else
 // launched on the device's communicator.
 func (b *Backend) submit(ctx context.Context, m backend.Meta, dev int, async bool, ins, outs []*tensor.Tensor, calls []call) (backend.Work, error) {
+	o := opLaunch{m: m, async: async, ins: ins, outs: outs}
+	return b.submitOp(ctx, dev, &o, calls)
+}
+
+// submitOp is submit with the op's description in o (its stream unset),
+// which the hot path (Allreduce) builds on its stack and passes down by
+// pointer: the chain of calls to launchOne then passes a few words in
+// registers where it copied ~17 words at each level (callgrind: ~0.4k of
+// the ~2.4k instructions of the backend's call went to those levels).
+func (b *Backend) submitOp(ctx context.Context, dev int, o *opLaunch, calls []call) (backend.Work, error) {
 	if b.coalescing.Load() {
-		return nil, b.queue(ctx, m, dev, async, ins, outs, calls)
+		return nil, b.queue(ctx, o.m, dev, o.async, o.ins, o.outs, calls)
 	}
 	c := b.loadComm(dev)
 	if c == nil {
 		var err error
 		if c, err = b.getComm(ctx, dev); err != nil {
-			return nil, b.wrapErr(m, err)
+			return nil, b.wrapErr(o.m, err)
 		}
 	}
-	w, err := b.launch(ctx, m, c, async, ins, outs, calls)
+	w, err := b.launchOp(ctx, c, o, calls)
 	if err != nil {
 		return nil, err
 	}
@@ -138,18 +140,26 @@ func (b *Backend) submit(ctx context.Context, m backend.Meta, dev int, async boo
 // communicator did. So a lone call of count 0 takes the group path, which
 // gives the op its events and Work without a call.
 func (b *Backend) launch(ctx context.Context, m backend.Meta, c *comm, async bool, ins, outs []*tensor.Tensor, calls []call) (*Work, error) {
+	o := opLaunch{m: m, async: async, ins: ins, outs: outs}
+	return b.launchOp(ctx, c, &o, calls)
+}
+
+// launchOp is launch with the op's description in o (submitOp); it sets
+// o.stream.
+func (b *Backend) launchOp(ctx context.Context, c *comm, o *opLaunch, calls []call) (*Work, error) {
+	m := &o.m
 	if err := b.usable(m.Op); err != nil {
 		return nil, err
 	}
 	cur := cuda.StreamFor(ctx, c.dev)
 	if c.nan != nil {
-		if err := b.checkNaN(ctx, m, c, cur, calls); err != nil {
+		if err := b.checkNaN(ctx, *m, c, cur, calls); err != nil {
 			return nil, err
 		}
 	}
-	o := opLaunch{m: m, async: async, ins: ins, outs: outs, stream: cur}
+	o.stream = cur
 	syncEv := uintptr(0)
-	if async && !b.opts.AsyncOnCurrentStream {
+	if o.async && !b.opts.AsyncOnCurrentStream {
 		o.stream = c.stream
 		// The sync event orders the internal stream after the current
 		// one; when the caller made the internal stream current (a Work's
@@ -163,9 +173,9 @@ func (b *Backend) launch(ctx context.Context, m backend.Meta, c *comm, async boo
 	var captured bool
 	var err error
 	if len(calls) == 1 && calls[0].count > 0 {
-		w, captured, err = b.launchOne(ctx, c, &o, cur, syncEv, calls[0])
+		w, captured, err = b.launchOne(ctx, c, o, cur, syncEv, &calls[0])
 	} else {
-		w, captured, err = b.launchGroup(ctx, c, &o, cur, syncEv, calls)
+		w, captured, err = b.launchGroup(ctx, c, o, cur, syncEv, calls)
 	}
 	if err != nil {
 		if w != nil {
@@ -174,7 +184,7 @@ func (b *Backend) launch(ctx context.Context, m backend.Meta, c *comm, async boo
 			// nothing).
 			w.releaseStash()
 		}
-		return nil, b.wrapErr(m, err)
+		return nil, b.wrapErr(*m, err)
 	}
 	if captured {
 		// Captured into a graph: nothing ran, so the watchdog must not
@@ -200,7 +210,7 @@ type opLaunch struct {
 // issuing goroutine's profile on nvidia-h200, most of it fresh spans and
 // their zeroing). Each Work is still its own op's, never reused, so a
 // handle the caller keeps means what it always did; the cost is that a
-// kept Work keeps its slab's host memory (workSlab Works, 5 KB, and what
+// kept Work keeps its slab's host memory (workSlab Works, 4.5 KB, and what
 // they point to: the ops' streams and output tensors' headers, never
 // device memory, whose frees are explicit) until it is dropped.
 const workSlab = 32
@@ -230,7 +240,7 @@ func (b *Backend) newWork(c *comm, o *opLaunch) *Work {
 // event, makes the internal stream wait, records the start event, calls
 // NCCL and records the end event. It returns the op's Work and whether cur
 // is being captured.
-func (b *Backend) launchOne(ctx context.Context, c *comm, o *opLaunch, cur *cuda.Stream, syncEv uintptr, k call) (*Work, bool, error) {
+func (b *Backend) launchOne(ctx context.Context, c *comm, o *opLaunch, cur *cuda.Stream, syncEv uintptr, k *call) (*Work, bool, error) {
 	c.mu.Lock()
 	w := b.newWork(c, o)
 	end, err := c.event(w.timing) // cuEventElapsedTime needs both ends timed

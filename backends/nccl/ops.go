@@ -23,12 +23,22 @@ import (
 
 // inPlace returns a reduction call of kind on t, in place, with r.
 func (b *Backend) inPlace(kind C.int, t *tensor.Tensor, r backend.ReduceOp) (call, error) {
+	var k call
+	err := b.inPlaceTo(&k, kind, t, r)
+	return k, err
+}
+
+// inPlaceTo is inPlace writing the call into k (the hot path's array on
+// its stack), reading the tensor's address once.
+func (b *Backend) inPlaceTo(k *call, kind C.int, t *tensor.Tensor, r backend.ReduceOp) error {
 	dt, err := ncclType(t.DType())
 	if err != nil {
-		return call{}, err
+		return err
 	}
 	op, scalar, err := redOp(r, t.DType(), b.size == 1)
-	return call{kind: kind, send: t.Ptr(), recv: t.Ptr(), count: t.Numel(), dt: dt, op: op, scalar: scalar}, err
+	p := t.Ptr()
+	*k = call{kind: kind, send: p, recv: p, count: t.Numel(), dt: dt, op: op, scalar: scalar}
+	return err
 }
 
 // Allreduce implements backend.Backend (in place).
@@ -37,12 +47,12 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 		return nil, b.opError(m, backend.ErrInvalidArgument, fmt.Errorf("NCCL takes one tensor per process, got %d", len(tensors)))
 	}
 	t := tensors[0]
-	k, err := b.inPlace(C.GN_ALLREDUCE, t, opts.ReduceOp)
-	if err != nil {
+	var calls [1]call // on the stack: the hot path allocates only its Work
+	if err := b.inPlaceTo(&calls[0], C.GN_ALLREDUCE, t, opts.ReduceOp); err != nil {
 		return nil, b.wrapErr(m, err)
 	}
-	calls := [1]call{k} // on the stack: the hot path allocates only its Work
-	return b.submit(ctx, m, devOf(t), opts.Async, tensors, nil, calls[:])
+	o := opLaunch{m: m, async: opts.Async, ins: tensors}
+	return b.submitOp(ctx, devOf(t), &o, calls[:])
 }
 
 // AllreduceCoalesced implements backend.Backend: one group of allreduces.

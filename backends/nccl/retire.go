@@ -24,8 +24,9 @@ import "github.com/gocoll/gocoll/cuda"
 // their stashes are released, and they never enter the unit, which has
 // nothing to watch in them. Works of the batch on other streams, and the
 // whole batch when its newest work is still running, go to the unit in
-// launch order. One query per probeEvery ops, and per work one lock of
-// its own (completeInOrderTo) where the ring this replaced scanned 64
+// launch order. One query per probeEvery ops, and per work one
+// compare-and-swap of its state (completeInOrderTo: the state word owns
+// the end event, so no lock; session 6) where the ring this replaced scanned 64
 // recent works under c.mu, then put each work into the unit and took it
 // out again (session 5: that path was ~11 % of the goal mode's samples,
 // the largest item of the backend's Go).
@@ -61,7 +62,7 @@ func (b *Backend) retireStaged(c *comm) {
 				same = append(same, q) // complete: p ran after it on its stream
 				continue
 			}
-			b.wd.Enqueue(q, c.key, q.enq, q.timeout)
+			b.wd.Enqueue(q, c.key, q.enqTime(), q.timeout)
 		}
 	}
 	b.mu.Unlock()
@@ -76,12 +77,12 @@ func (b *Backend) retireStaged(c *comm) {
 		if !q.isFinished() {
 			evs = q.completeInOrderTo(evs)
 		}
+		if q.nstash != 0 || q.ix != nil {
+			q.releaseStash() // an op never waited on
+		}
 	}
 	if len(evs) > 0 {
 		c.putEvents(evs...)
-	}
-	for _, q := range same {
-		q.releaseStash() // an op never waited on
 	}
 }
 

@@ -70,7 +70,7 @@ func hostBackend(t *testing.T, policy ErrorPolicy, blocking bool) (*Backend, *fa
 }
 
 func (b *Backend) hostWork(seq uint64, enq time.Time) *Work {
-	w := &Work{b: b, c: &comm{key: "0"}, op: backend.OpAllreduce, seq: seq, timeout: time.Second, enq: enq}
+	w := &Work{b: b, c: &comm{key: "0"}, op: backend.OpAllreduce, seq: seq, timeout: time.Second, enq: backend.MonoOf(enq)}
 	b.enqueue(w)
 	return w
 }
@@ -154,7 +154,7 @@ func TestDriverUserAbort(t *testing.T) {
 // which fired, and still wraps ErrTimeout and the context's error.
 func TestWaitErrorNamesTheCallersDeadline(t *testing.T) {
 	b, fe, _, _ := hostBackend(t, NoHandling, false)
-	w := &Work{b: b, c: &comm{key: "0"}, op: backend.OpAllreduce, seq: 4, timeout: 30 * time.Second, enq: fe.now}
+	w := &Work{b: b, c: &comm{key: "0"}, op: backend.OpAllreduce, seq: 4, timeout: 30 * time.Second, enq: backend.MonoOf(fe.now)}
 	start := fe.now.Add(10 * time.Millisecond)
 	fe.now = start.Add(300 * time.Millisecond)
 	ctx, cancel := context.WithDeadline(context.Background(), time.Now())
@@ -178,7 +178,7 @@ func TestWaitErrorNamesTheCallersDeadline(t *testing.T) {
 // (its end event is nil here: a query would crash).
 func TestCapturedWork(t *testing.T) {
 	b, fe, _, _ := hostBackend(t, NoHandling, false)
-	w := &Work{b: b, c: &comm{key: "0"}, op: backend.OpAllgatherIntoTensor, seq: 7, timeout: time.Second, enq: fe.now, timing: true}
+	w := &Work{b: b, c: &comm{key: "0"}, op: backend.OpAllgatherIntoTensor, seq: 7, timeout: time.Second, enq: backend.MonoOf(fe.now), timing: true}
 	b.enqueueCaptured(w)
 	if !w.Captured() || b.wd.Len() != 0 {
 		t.Fatalf("captured %v, pending %d", w.Captured(), b.wd.Len())

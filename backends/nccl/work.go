@@ -36,11 +36,11 @@ type Work struct {
 	freshNext *Work
 	seq       uint64
 	timeout   time.Duration
-	enq       time.Time
-	stream    *cuda.Stream // the stream the kernel is on
-	lseq      uint64       // its number among c's launches (comm.launches)
+	enq       time.Duration // the op's start (issuedAt), a backend.Mono reading
+	stream    *cuda.Stream  // the stream the kernel is on
+	lseq      uint64        // its number among c's launches (comm.launches)
 
-	// The small fields, together (the Work is 160 bytes, a size class of
+	// The small fields, together (the Work is 144 bytes, a size class of
 	// its own). Set before the Work is published, never changed after.
 	op      backend.Op
 	async   bool // an async op: Wait orders ctx's current stream (when not w.stream) and releases the stash
@@ -64,9 +64,16 @@ type Work struct {
 	nstash uint8
 
 	// state is 0 while the op is pending, then workDone (completed on the
-	// device) or workFailed, never changed after: one word, so that
-	// completing a work is one atomic store (early retirement completes
-	// every work of the issue path).
+	// device) or workFailed, never changed after; while pending, workPinned
+	// is set while a holder of mu uses the end event, and workFut once a
+	// Future was made. The word owns the end event: whoever moves it from
+	// pending to done returns the event to the pool, and nobody touches
+	// the event once it is finished. So early retirement completes a work
+	// with one compare-and-swap from exactly 0, with no lock
+	// (completeInOrderTo); a holder of mu that queries or waits on the
+	// event pins it first (pin), which makes that swap fail until it
+	// unpins, and a work with a Future (workFut) is always completed under
+	// mu, which completes the Future.
 	state atomic.Uint32
 	// taken: the stash below was taken. The stash is written by the
 	// issuing goroutine before the Work is published (returned, or handed
@@ -77,12 +84,16 @@ type Work struct {
 	// issue makes no atomic store.
 	taken atomic.Bool
 
-	mu  sync.Mutex // guards end, lx, and ix's start and dur
+	mu sync.Mutex // guards lx, ix's start and dur, and pins (see state)
+	// end is the op's end event: set before the Work is published and
+	// owned by state after (see there); nil once a locked completion
+	// returned it to the pool.
 	end *cuda.Event
 	// ix holds what only some ops have (outputs, a start event, more than
 	// two stashed tensors), set before the Work is published; nil for
 	// most. lx holds what a failure or a Future adds, made under mu. Out
-	// of the Work, they make it 160 bytes where it was 240: a third less
+	// of the Work, they made it 160 bytes where it was 240 (144 since the
+	// enqueue time is a Mono reading and not a time.Time): a third less
 	// memory to allocate, zero and scan per op (the Work slab's allocation
 	// was ~7 % of the backend call's samples on nvidia-h200, session 5).
 	ix *workIssue
@@ -132,6 +143,10 @@ func (w *Work) startEv() *cuda.Event {
 	return w.ix.start
 }
 
+// enqTime is the op's start as a time.Time, for the watchdog unit and
+// errors (rare paths: the hot path keeps the Mono reading).
+func (w *Work) enqTime() time.Time { return backend.MonoTime(w.enq) }
+
 // more is the stash past its first two tensors.
 func (w *Work) more() []cuda.Retainer {
 	if w.ix == nil {
@@ -164,18 +179,44 @@ func (w *Work) late() *workLate {
 	return w.lx
 }
 
-// The states of Work.state after pending (0).
+// The states of Work.state after pending (0), and the flags of a pending
+// one.
 const (
 	workDone   = 1
 	workFailed = 2
+	workStatus = workDone | workFailed
+	workPinned = 4 // pending, and a holder of mu uses the end event
+	workFut    = 8 // pending, with a Future to complete (under mu)
 )
 
 // isFinished reports whether w completed or failed: the watchdog can drop
 // it.
-func (w *Work) isFinished() bool { return w.state.Load() != 0 }
+func (w *Work) isFinished() bool { return w.state.Load()&workStatus != 0 }
 
 // isDone reports whether w completed on the device.
-func (w *Work) isDone() bool { return w.state.Load() == workDone }
+func (w *Work) isDone() bool { return w.state.Load()&workStatus == workDone }
+
+// pin marks w's end event in use while w is pending and reports whether it
+// was pending; w.mu is held (so there is one pinner at a time), and the
+// caller unpins, or finishes w, before it unlocks. A false result means
+// that w is finished: its end event may be back in the pool, and must not
+// be touched.
+func (w *Work) pin() bool {
+	for {
+		s := w.state.Load()
+		if s&workStatus != 0 {
+			return false
+		}
+		if w.state.CompareAndSwap(s, s|workPinned) {
+			return true
+		}
+	}
+}
+
+// unpin ends pin while w is still pending; w.mu is held. No one else
+// changes a pinned state: the lock-free completer swaps from 0 only, and
+// every other writer holds mu.
+func (w *Work) unpin() { w.state.Store(w.state.Load() &^ workPinned) }
 
 var _ backend.Work = (*Work)(nil)
 var _ backend.CaptureReporter = (*Work)(nil)
@@ -267,7 +308,7 @@ func (w *Work) poll() bool {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.isFinished() {
+	if !w.pin() {
 		return true
 	}
 	ok, err := w.end.Query()
@@ -276,6 +317,7 @@ func (w *Work) poll() bool {
 		return true
 	}
 	if !ok {
+		w.unpin()
 		return false
 	}
 	w.completeLocked()
@@ -288,7 +330,7 @@ func (w *Work) poll() bool {
 func (w *Work) completeInOrder() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.isFinished() {
+	if w.pin() {
 		w.completeLocked()
 	}
 	return true
@@ -296,11 +338,18 @@ func (w *Work) completeInOrder() bool {
 
 // completeInOrderTo is completeInOrder that appends w's events to evs for
 // the caller to return to the pool, all at once, instead of returning them
-// itself.
+// itself. A pending work without a start event or a Future (the common
+// case) takes no lock: one swap of its state from 0 to done makes the
+// caller the owner of its end event (see Work.state). A pinned one, one
+// with a Future (completed under mu) or a timed one (its duration needs
+// both events under mu) takes the locked path.
 func (w *Work) completeInOrderTo(evs []*cuda.Event) []*cuda.Event {
+	if !w.timing && w.state.CompareAndSwap(0, workDone) {
+		return append(evs, w.end)
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.isFinished() {
+	if !w.pin() {
 		return evs
 	}
 	w.noteDurationLocked()
@@ -325,14 +374,16 @@ func (w *Work) noteDurationLocked() {
 	}
 }
 
-// completeLocked marks success, keeps the duration and recycles the events.
+// completeLocked marks success, keeps the duration and recycles the
+// events; w.mu is held and w pinned.
 func (w *Work) completeLocked() {
 	w.noteDurationLocked()
 	w.recycleLocked()
 	w.markDoneLocked()
 }
 
-// markDoneLocked records success, once the events are dealt with.
+// markDoneLocked records success, once the events are dealt with; w.mu is
+// held and w pinned, so no one else changes its state.
 func (w *Work) markDoneLocked() {
 	w.state.Store(workDone)
 	if f := w.futLocked(); f != nil {
@@ -351,12 +402,16 @@ func (w *Work) recycleLocked() {
 	}
 }
 
+// failLocked records err if w has not finished; w.mu is held, and w may
+// be pinned (by the caller). The swap decides against a lock-free
+// completion racing with it: the first to finish w stands. A failed
+// work's events stay with it (its kernel may still run).
 func (w *Work) failLocked(err error) {
-	if w.isFinished() {
+	s := w.state.Load()
+	if s&workStatus != 0 || !w.state.CompareAndSwap(s, workFailed) {
 		return
 	}
 	w.late().err = err
-	w.state.Store(workFailed)
 	if f := w.futLocked(); f != nil {
 		f.Complete(nil, err)
 	}
@@ -384,8 +439,10 @@ func (w *Work) Wait(ctx context.Context) error {
 		// not touched, so no lock is taken.
 		if cur := cuda.StreamFor(ctx, w.c.dev); cur != w.stream {
 			w.mu.Lock()
-			if !w.isFinished() {
-				if err := cur.WaitEvent(w.end); err != nil {
+			if w.pin() {
+				err := cur.WaitEvent(w.end)
+				w.unpin()
+				if err != nil {
 					w.mu.Unlock()
 					return w.opErr(backend.ErrAborted, err)
 				}
@@ -398,7 +455,7 @@ func (w *Work) Wait(ctx context.Context) error {
 		// PyTorch's barrier: the current stream is synchronised, so the
 		// host returns only after the barrier and the work before it.
 		cur := cuda.StreamFor(ctx, w.c.dev)
-		tctx, cancel := context.WithTimeout(context.Background(), w.timeout-time.Since(w.enq))
+		tctx, cancel := context.WithTimeout(context.Background(), w.timeout-(backend.Mono()-w.enq))
 		defer cancel()
 		if err := cur.SynchronizeContext(tctx); err != nil {
 			return w.opErr(backend.ErrTimeout, err)
@@ -467,7 +524,7 @@ func (w *Work) blockingWait(ctx context.Context) error {
 func (w *Work) waitErr(ctx context.Context, start time.Time) error {
 	now := w.b.edge.now()
 	return &backend.WaitError{Op: w.op.String(), Seq: w.seq, Rank: w.b.rank, Backend: Name,
-		Waited: now.Sub(start), Timeout: w.timeout, Elapsed: now.Sub(w.enq), Err: ctx.Err()}
+		Waited: now.Sub(start), Timeout: w.timeout, Elapsed: now.Sub(w.enqTime()), Err: ctx.Err()}
 }
 
 func (w *Work) opErr(kind error, err error) error {
@@ -482,10 +539,12 @@ func (w *Work) BlockStream(bs backend.Stream) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.isFinished() {
+	if !w.pin() {
 		return w.errLocked()
 	}
-	if err := s.WaitEvent(w.end); err != nil {
+	err := s.WaitEvent(w.end)
+	w.unpin()
+	if err != nil {
 		return w.opErr(backend.ErrAborted, err)
 	}
 	return nil
@@ -544,12 +603,19 @@ func (w *Work) Future() *backend.Future {
 	defer w.mu.Unlock()
 	if w.futLocked() == nil {
 		f := backend.NewFuture()
-		w.late().fut = f
 		if w.captured {
 			// Nothing on the host will see a replay end: the outputs are
 			// the graph's, ordered by its stream.
+			w.late().fut = f
 			f.Complete(w.outputs(), nil)
-		} else if w.isFinished() {
+		} else if w.pin() {
+			// Pending: whoever completes w completes f, under mu (workFut
+			// keeps the lock-free completer off).
+			w.late().fut = f
+			w.state.Store(w.state.Load() | workFut)
+			w.unpin()
+		} else {
+			w.late().fut = f
 			if err := w.errLocked(); err != nil {
 				f.Complete(nil, err)
 			} else {
