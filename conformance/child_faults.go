@@ -83,12 +83,31 @@ func (c *Child) noJoin(dcfg dispatcher.Config) error {
 //
 // "mismatch-size": rank 0 allreduces 1024 float32 elements, the others
 // 1000; "mismatch-size4m": 4 MiB (1 Mi elements) against 1 Mi - 1024.
+//
+// With the suffix "-ahead" every rank first runs three allreduces of rank
+// 0's op (float32, its size), so that the mismatched op equals the last
+// op the group agreed on at rank 0: a backend may post it there before
+// the peers' fingerprints are in (ucc's FingerprintsAhead), and the
+// mismatch must still fail on every rank, in the same words, with the
+// group working on.
 func (c *Child) mismatch() error {
 	dt, n := tensor.Int32, 1024
 	if c.Rank == 0 {
 		dt = tensor.Float32
 	}
-	switch c.Scenario {
+	scenario, ahead := strings.CutSuffix(c.Scenario, "-ahead")
+	if ahead {
+		n0 := 1024
+		if scenario == "mismatch-size4m" {
+			n0 = 1 << 20
+		}
+		for range 3 {
+			if err := c.allreduceOf(tensor.Float32, n0); err != nil {
+				return fmt.Errorf("a matching allreduce before the mismatch: %w", err)
+			}
+		}
+	}
+	switch scenario {
 	case "mismatch-size":
 		dt = tensor.Float32
 		if c.Rank != 0 {
@@ -119,6 +138,21 @@ func (c *Child) mismatch() error {
 	_, err = c.Allreduce(ChildOKTimeout)
 	c.ResultErr("next", err)
 	return nil
+}
+
+// allreduceOf runs one allreduce of n ones of dt and waits for it.
+func (c *Child) allreduceOf(dt tensor.DType, n int) error {
+	x, err := c.tensorOf(dt, n)
+	if err != nil {
+		return err
+	}
+	w, err := c.PG.Allreduce(c.Ctx, []*tensor.Tensor{x}, backend.AllreduceOptions{Timeout: ChildOKTimeout})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(c.Ctx, 20*time.Second)
+	defer cancel()
+	return w.WaitHost(ctx)
 }
 
 // tensorOf makes n ones of dt on the child's device.

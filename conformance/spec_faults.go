@@ -105,6 +105,29 @@ func defineFaultSpecs(s *Suite) {
 			Entry("4 MiB and 1024 elements less", "mismatch-size4m",
 				"rank 0 allreduce float32 x 1048576 (SUM), rank 1 allreduce float32 x 1047552 (SUM)", "rank 0 4194304 bytes, rank 1 4190208 bytes"),
 		)
+
+		DescribeTable("ranks that pass one allreduce that differs after three matching ones (where a rank may post it ahead of the check) fail on every rank naming both, and the group works on",
+			func(scenario, want, wantBytes string) {
+				const world = 2
+				s.RequireChildren(world)
+				s.Require(s.Caps.MismatchChecks, "the backend does not check the ops' fingerprints itself (only GOCOLL_DEBUG=detail does)")
+				_, kids := s.RunChildren(scenario, world)
+				for _, k := range kids {
+					Expect(k.Code).To(Equal(0), "%v", k)
+					Expect(k.Results["invalid"]).To(Equal("true"), "rank %d: want ErrInvalidArgument: %v", k.Rank, k)
+					Expect(k.Results["err_ranks"]).To(Equal("[0 1]"), "rank %d: %v", k.Rank, k)
+					Expect(k.Results["detail"]).To(Or(ContainSubstring(want), ContainSubstring(wantBytes)), "rank %d: %v", k.Rank, k)
+					Expect(k.Results["detail"]).To(Equal(kids[0].Results["detail"]), "the ranks' words differ")
+					Expect(k.Results["next"]).To(Equal("<nil>"), "rank %d: the next, matching op: %v", k.Rank, k)
+				}
+			},
+			Entry("float32 and int32 of one size", "mismatch-dtype-ahead",
+				"rank 0 allreduce float32 x 1024 (SUM), rank 1 allreduce int32 x 1024 (SUM)", "rank 0 allreduce float32 x 1024 (SUM), rank 1 allreduce int32 x 1024 (SUM)"),
+			Entry("1024 and 1000 elements", "mismatch-size-ahead",
+				"rank 0 allreduce float32 x 1024 (SUM), rank 1 allreduce float32 x 1000 (SUM)", "rank 0 4096 bytes, rank 1 4000 bytes"),
+			Entry("4 MiB and 1024 elements less", "mismatch-size4m-ahead",
+				"rank 0 allreduce float32 x 1048576 (SUM), rank 1 allreduce float32 x 1047552 (SUM)", "rank 0 4194304 bytes, rank 1 4190208 bytes"),
+		)
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/opcheck"
@@ -59,6 +60,16 @@ type fpGate struct {
 	q          []*work       // the works not yet through, in issue order
 	issuing    *work         // the work submit is issuing, during its step
 	slots      []C.uintptr_t // fpDriveLocked's peer slot addresses (fpfast.go)
+
+	// Posting ahead (fpahead.go).
+	ahead      bool           // Options.FingerprintsAhead
+	last       fpSlot         // L: the last op the group agreed on and put into UCC
+	lastOK     bool           // last is set
+	ver        []*work        // the works posted ahead, not yet checked, in order
+	scratch    unsafe.Pointer // C memory the stand-ins point UCC at; nil: none yet
+	scratchLen int
+	nAhead     uint64 // works posted ahead (for the tests)
+	nStandIn   uint64 // stand-ins posted
 }
 
 // fpWork is a work's part in the check.
@@ -66,6 +77,7 @@ type fpWork struct {
 	on       bool // the op has a fingerprint (slot); false: point to point
 	held     bool // queued: UCC has not seen it
 	startErr bool // it failed in gu_coll_start (UCC refused it)
+	ahead    bool // posted ahead of its check, which is still to come (fpahead.go)
 	seq      uint64
 	slot     fpSlot
 }
@@ -88,13 +100,15 @@ func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
 		w.fpw.seq = g.next
 		g.next++
 	}
-	w.fpw.held = true
-	g.q = append(g.q, w)
-	g.issuing = w
-	b.fpStepLocked()
-	g.issuing = nil
+	if !w.fpw.on || !b.fpAheadLocked(w) {
+		w.fpw.held = true
+		g.q = append(g.q, w)
+		g.issuing = w
+		b.fpStepLocked()
+		g.issuing = nil
+	}
 	h, startErr := w.h, w.fpw.startErr // before testLocked, which may recycle w
-	if !w.fpw.held && w.live == 0 && len(w.deps) == 0 {
+	if !w.fpw.held && !w.fpw.ahead && w.live == 0 && len(w.deps) == 0 {
 		w.testLocked() // done in its start, or nothing for UCC to do: complete now, as submit does
 	} else {
 		b.pending = append(b.pending, w)
@@ -113,7 +127,13 @@ func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
 // lets the head works through while their checks are done. b.mu is held.
 func (b *Backend) fpStepLocked() {
 	g := b.fp
-	if g == nil || len(g.q) == 0 {
+	if g == nil {
+		return
+	}
+	if len(g.ver) > 0 {
+		b.fpVerifyLocked()
+	}
+	if len(g.q) == 0 {
 		return
 	}
 	for _, w := range g.q {
@@ -124,6 +144,9 @@ func (b *Backend) fpStepLocked() {
 			break
 		}
 		g.pub++
+	}
+	if len(g.ver) > 0 {
+		return // the works posted ahead are checked first, in order
 	}
 	n := 0
 	for _, w := range g.q {
@@ -163,10 +186,15 @@ func (b *Backend) fpReleaseLocked(w *work) bool {
 	g.chk = w.fpw.seq + 1
 	g.board.checked(g.chk)
 	if v.kind != nil {
-		w.fpw.held, w.live = false, 0 // reapLocked unpins it and takes it out of b.pending
 		w.fail(&backend.OpError{Op: w.op.String(), Seq: w.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: v.kind, Detail: v.detail, Ranks: v.ranks})
+		if s, ok := fpAheadPeer(g, w.fpw.seq); ok {
+			b.fpStandInLocked(w, s) // a peer posted its op ahead: UCC runs that one here too
+			return true
+		}
+		w.fpw.held, w.live = false, 0 // reapLocked unpins it and takes it out of b.pending
 		return true
 	}
+	b.fpAheadDoneLocked(w.fpw.seq, w.fpw.slot)
 	b.fpStartLocked(w)
 	return true
 }
@@ -229,18 +257,28 @@ func (b *Backend) fpProgressLocked() bool {
 // missing peer is gone fails now, naming it, rather than at its timeout.
 func (b *Backend) fpTickLocked() {
 	g := b.fp
-	if g == nil || len(g.q) == 0 {
+	if g == nil || len(g.q)+len(g.ver) == 0 {
 		return
 	}
-	w := g.q[0]
-	if !w.fpw.held || !w.fpw.on || w.IsCompleted() {
+	var w *work
+	if len(g.q) > 0 {
+		w = g.q[0]
+	}
+	if len(g.ver) > 0 {
+		w = g.ver[0] // posted ahead, waiting for its peers' slots as a held one does
+	}
+	if !w.fpw.on || (!w.fpw.held && !w.fpw.ahead) || w.IsCompleted() {
 		return
 	}
 	ranks, _ := missing(g.board, g.rank, g.size, w.fpw.seq)
 	for _, p := range ranks {
 		if culprit, err := g.board.gone(p); err != nil {
+			seen := "UCC never saw the op"
+			if w.fpw.ahead {
+				seen = "this rank had posted it to UCC ahead of the check"
+			}
 			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrRemote, Ranks: []int{culprit},
-				Detail: fmt.Sprintf("%v, before rank %d published this op's fingerprint; UCC never saw the op", err, p)})
+				Detail: fmt.Sprintf("%v, before rank %d published this op's fingerprint; %s", err, p, seen)})
 			return
 		}
 	}
@@ -288,6 +326,7 @@ func (b *Backend) fpCloseLocked() {
 	if b.fp == nil {
 		return
 	}
+	b.fp.fpFreeScratchLocked()
 	if err := b.fp.board.close(); err != nil {
 		slog.Warn("gocoll ucc: close: the fingerprint board", "rank", b.cfg.Rank, "err", err)
 	}

@@ -41,17 +41,29 @@ const fpSlots = 512
 type fpSlot struct {
 	fp   tcpmesh.Fingerprint
 	root int32 // the op's root rank; -1: the op has none
+	// ahead: the rank posted the op to UCC at issue, before its peers'
+	// fingerprints came (fpahead.go). Not part of the op: judge and the
+	// C comparison leave it out.
+	ahead bool
 }
+
+// fpAheadBit is fpSlot.ahead in a slot's first data word (bits 24-31 of
+// it are free: op, dtype and reduce op take the three bytes below, the
+// root the upper half). gu_fp_drive masks it out too (ucc_dl.c).
+const fpAheadBit = 1 << 24
 
 // words packs s into the two data words of a slot.
 func (s fpSlot) words() (w1, w2 uint64) {
 	w1 = uint64(s.fp.Op) | uint64(s.fp.DType)<<8 | uint64(s.fp.ReduceOp)<<16 | uint64(uint32(s.root))<<32
+	if s.ahead {
+		w1 |= fpAheadBit
+	}
 	return w1, s.fp.Count
 }
 
 func slotOf(w1, w2 uint64) fpSlot {
 	return fpSlot{fp: tcpmesh.Fingerprint{Op: uint8(w1), DType: uint8(w1 >> 8), ReduceOp: uint8(w1 >> 16), Count: w2},
-		root: int32(uint32(w1 >> 32))}
+		root: int32(uint32(w1 >> 32)), ahead: w1&fpAheadBit != 0}
 }
 
 // The board's layout: a 64-byte header (magic, ranks, slots), then per

@@ -63,7 +63,8 @@ func (b *Backend) fpWatchLocked() (slots *C.uintptr_t, nslots C.int, tag C.uint6
 func (b *Backend) fpDriveLocked(w *work, stop *C.int32_t) bool {
 	g := b.fp
 	sb, ok := g.board.(*shmBoard)
-	if !ok || sb.r == nil || !w.fpw.held || !w.fpw.on || len(w.descs) == 0 || len(g.q) == 0 || g.q[0] != w || w.fpw.seq >= g.pub {
+	if !ok || sb.r == nil || !w.fpw.held || !w.fpw.on || len(w.descs) == 0 || len(g.q) == 0 || g.q[0] != w || w.fpw.seq >= g.pub ||
+		len(g.ver) > 0 {
 		return false
 	}
 	g.watch(sb, w.fpw.seq)
@@ -85,6 +86,7 @@ func (b *Backend) fpDriveLocked(w *work, stop *C.int32_t) bool {
 	// after a Go judge's agreement.
 	g.chk = w.fpw.seq + 1
 	g.board.checked(g.chk)
+	b.fpAheadDoneLocked(w.fpw.seq, w.fpw.slot) // C starts it only when every peer's words equal this rank's
 	m := copy(g.q, g.q[1:])
 	g.q[m] = nil
 	g.q = g.q[:m]

@@ -31,7 +31,7 @@ func (b *Backend) fpSetup(ctx context.Context) error {
 		return nil
 	}
 	n, r := b.cfg.WorldSize, b.cfg.Rank
-	g := &fpGate{rank: r, size: n}
+	g := &fpGate{rank: r, size: n, ahead: b.opts.FingerprintsAhead != AheadOff}
 	if n == 1 {
 		g.board = &shmBoard{r: heapRings(1, fpSlots)} // no peers: nothing to carry
 		b.fp = g

@@ -18,6 +18,8 @@ const (
 	EnvYield = "GOCOLL_UCC_YIELD"
 	// EnvFingerprints sets Options.Fingerprints.
 	EnvFingerprints = "GOCOLL_UCC_FINGERPRINTS"
+	// EnvFingerprintsAhead sets Options.FingerprintsAhead: on or off.
+	EnvFingerprintsAhead = "GOCOLL_UCC_FP_AHEAD"
 	// EnvLocalWorldSize is torchrun's count of the ranks on this host,
 	// which Options.Yield's auto compares with the cores.
 	EnvLocalWorldSize = "LOCAL_WORLD_SIZE"
@@ -77,6 +79,15 @@ type Options struct {
 	// "shm" or "tcp" force one; "off" posts ops to UCC at issue, unchecked
 	// (GOCOLL_UCC_FINGERPRINTS).
 	Fingerprints string
+	// FingerprintsAhead lets a rank post an op to UCC at issue, before its
+	// peers' fingerprints are in, when the op is an in-place allreduce
+	// equal to the last op the group agreed on (fpahead.go: the check then
+	// runs while UCC does, and a rank whose op differs posts that same
+	// collective over scratch memory, so a mismatch still fails on every
+	// rank in the same words and the group works on). "on" (the default)
+	// or "off": every op waits for its peers' fingerprints
+	// (GOCOLL_UCC_FP_AHEAD). Ranks may differ in it.
+	FingerprintsAhead string
 }
 
 func field(name string) string { return "ucc.Options." + name }
@@ -90,6 +101,14 @@ var (
 		Check: knob.OneOf(YieldAuto, YieldAlways, YieldNever)}
 	knobFingerprints = knob.Knob[string]{Field: field("Fingerprints"), Env: []string{EnvFingerprints}, Default: FingerprintsAuto,
 		Check: knob.OneOf(FingerprintsAuto, FingerprintsShm, FingerprintsTCP, FingerprintsOff)}
+	knobAhead = knob.Knob[string]{Field: field("FingerprintsAhead"), Env: []string{EnvFingerprintsAhead}, Default: AheadOn,
+		Check: knob.OneOf(AheadOn, AheadOff)}
+)
+
+// Values of Options.FingerprintsAhead.
+const (
+	AheadOn  = "on"
+	AheadOff = "off"
 )
 
 // optionsOf reads backend.Config.Options.
@@ -121,6 +140,9 @@ func resolveOptions(o Options, groupTimeout time.Duration, env knob.Env) (Option
 	}
 	if err == nil {
 		o.Fingerprints, err = knobFingerprints.Resolve(env, o.Fingerprints)
+	}
+	if err == nil {
+		o.FingerprintsAhead, err = knobAhead.Resolve(env, o.FingerprintsAhead)
 	}
 	if err == nil {
 		def := groupTimeout

@@ -317,7 +317,10 @@ int gu_fp_drive(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *a
 	}
 	for (int i = 0; i < nslots; i++) {
 		const uint64_t *s = (const uint64_t *)slots[i];
-		if (__atomic_load_n(&s[1], __ATOMIC_RELAXED) != w1 || __atomic_load_n(&s[2], __ATOMIC_RELAXED) != w2) return GU_FP_DIFFER;
+		// A peer that posted the op ahead (fpahead.go) sets GU_FP_AHEAD in
+		// its first word: not part of the op.
+		if ((__atomic_load_n(&s[1], __ATOMIC_RELAXED) & ~(uint64_t)GU_FP_AHEAD) != w1 || __atomic_load_n(&s[2], __ATOMIC_RELAXED) != w2)
+			return GU_FP_DIFFER;
 	}
 	*started = 1;
 	int st = gu_coll_start(team, d, n, reqs, at, posting, ctx, err);

@@ -177,6 +177,14 @@ func (w *work) testLocked() bool {
 	if w.fpw.held || w.reap() {
 		return false
 	}
+	if w.fpw.ahead {
+		// Posted ahead of its check (fpahead.go): it completes only once
+		// the peers' slots are read.
+		w.b.fpVerifyLocked()
+		if w.fpw.ahead {
+			return false
+		}
+	}
 	for _, d := range w.deps {
 		if !d.IsCompleted() {
 			return false

@@ -1,0 +1,215 @@
+package ucc
+
+/*
+#include <stdlib.h>
+#include "ucc_dl.h"
+*/
+import "C"
+
+import (
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/reduceop"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// Posting ahead of the check (Options.FingerprintsAhead, on by default).
+//
+// The check's price is its hold: a rank posts op k only once the last
+// rank has published k's fingerprint, so every rank but the last does its
+// init and post after that publication, on the critical path (one hop and
+// an init+post at 8 B; at 4 ranks and 1 MiB the posts that the raw loop
+// does in the slack before the last rank comes). A loop of one op over and
+// over needs no hold to stay safe, only a rule every rank can check:
+//
+//   - L is the fingerprint of the last op the group agreed on and put into
+//     UCC (fpGate.last). Every rank has the same L, since every rank judges
+//     the same slots by the same rule, in order.
+//   - A rank may post op k at issue, before looking at its peers' slots,
+//     when nothing of its own is held before it (fpGate.q is empty), k's
+//     fingerprint equals L and the op is a plain in-place allreduce whose
+//     UCC collective fpDesc rebuilds from the fingerprint alone. It says
+//     so in its slot (fpSlot.ahead), and checks the peers' slots later,
+//     while UCC runs the op (fpVerifyLocked); the work does not complete
+//     before that check.
+//   - A rank whose op k is held and whose judge finds a slot of k posted
+//     ahead goes on as before when every fingerprint agrees (it posts its
+//     own op, the same collective). On a mismatch it fails its work with
+//     the verdict, as before, but posts in its place the collective that
+//     the ahead rank posted (fpDesc of that slot) over scratch memory of
+//     its own (fpGate.scratch). So UCC sees, on every rank and for every
+//     number, the same collective: nothing but the ahead rank's result (and
+//     the scratch) holds the mismatched sum, tl/ucp's tags stay in step,
+//     and the group works on, as the mismatch specs require.
+//   - The ahead rank fails its work with the same verdict (the same words,
+//     judge's) once it has read every slot; its tensor then holds a sum
+//     with another rank's scratch, as an op that failed may leave it.
+//
+// Why not post every op ahead and only check afterwards: ops that differ
+// in UCC do not fail cleanly. Two ranks that each posted their own
+// allreduce of 1024 and 1000 float32 elements run different algorithms
+// (tl/ucp's allreduce switches at 4 KiB, and its schedules take one tag
+// per task), so their tag counters part and the group hangs from then on
+// (fingerprint.go). The rule above never lets two different collectives
+// reach UCC under one number: only ops equal to L go ahead, and whoever
+// differs posts L's collective instead.
+
+// fpDesc is the UCC collective of an op posted ahead with fingerprint s,
+// without its buffers, and its size in bytes; false where s is not an
+// in-place allreduce UCC reduces whole (no AVG or PREMUL_SUM, no widened
+// dtype) over at least one element.
+func fpDesc(s fpSlot) (C.gu_desc, int, bool) {
+	fp := s.fp
+	if fp.Op != uint8(backend.OpAllreduce)+1 || fp.ReduceOp == 0 || s.root != -1 || fp.Count == 0 || fp.Count > 1<<40 {
+		return C.gu_desc{}, 0, false
+	}
+	op := backend.ReduceOp{Type: reduceop.Type(fp.ReduceOp - 1)}
+	if op.Type == backend.Avg || op.Type == backend.PreMulSum {
+		return C.gu_desc{}, 0, false
+	}
+	dt := tensor.DType(fp.DType)
+	if op.ValidFor(dt) != nil {
+		return C.gu_desc{}, 0, false
+	}
+	r, err := uccReduction(dt, op)
+	if err != nil || r.ratio != 1 {
+		return C.gu_desc{}, 0, false
+	}
+	n := C.uint64_t(fp.Count)
+	return C.gu_desc{coll_type: collAllreduce, op: C.int(r.op), dt: C.uint64_t(r.dt), flags: flagInPlace, src_count: n, dst_count: n},
+		int(fp.Count) * r.elemLen, true
+}
+
+// fpAheadOK reports whether w may be posted ahead of its check (the rule
+// above): the gate's queue is empty, its fingerprint is L, and its one
+// collective is fpDesc's. b.mu is held.
+func (b *Backend) fpAheadOK(w *work) bool {
+	g := b.fp
+	if !g.ahead || !g.lastOK || len(g.q) != 0 || g.size < 2 || !w.fpw.on || w.fpw.slot != g.last ||
+		w.fpw.seq != g.pub || len(w.descs) != 1 || len(w.deps) != 0 {
+		return false
+	}
+	d, _, ok := fpDesc(w.fpw.slot)
+	o := w.descs[0]
+	return ok && o.coll_type == d.coll_type && o.op == d.op && o.dt == d.dt && o.flags == d.flags &&
+		o.src_count == d.src_count && o.dst_count == d.dst_count && o.v_src == 0 && o.v_dst == 0 && o.as_size == 0
+}
+
+// fpAheadLocked posts w ahead of its check when the rule allows and its
+// slot has room: it publishes the slot marked ahead, starts the op (a
+// small one progressed once inline, as without the check) and queues it
+// for fpVerifyLocked. It reports whether it did. b.mu is held.
+func (b *Backend) fpAheadLocked(w *work) bool {
+	g := b.fp
+	if !b.fpAheadOK(w) {
+		return false
+	}
+	s := w.fpw.slot
+	s.ahead = true
+	if !g.board.post(w.fpw.seq, s) {
+		return false // no room: the held path publishes it later
+	}
+	g.pub++
+	g.nAhead++
+	w.fpw.held, w.fpw.ahead = false, true
+	g.ver = append(g.ver, w)
+	var pctx C.uintptr_t
+	if w.plan.inline() {
+		pctx = b.ctx
+	}
+	b.fpStartedLocked(w, C.gu_coll_start(b.team, &w.descs[0], 1, &w.reqs[0], &w.at, &w.post, pctx, &w.cerr))
+	b.fpVerifyLocked()
+	return true
+}
+
+// fpVerifyLocked checks the works posted ahead, in order, once every
+// peer's slot of theirs is there: agreement lets the work complete when
+// UCC is done with it; a mismatch fails it with the verdict. b.mu is held.
+func (b *Backend) fpVerifyLocked() {
+	g := b.fp
+	n := 0
+	for _, w := range g.ver {
+		v, done := judge(g.board, g.rank, g.size, w.fpw.seq, w.fpw.slot)
+		if !done {
+			break
+		}
+		n++
+		g.chk = w.fpw.seq + 1
+		g.board.checked(g.chk)
+		w.fpw.ahead = false
+		if v.kind != nil {
+			// UCC runs the op to its end (every peer posted L's collective in
+			// its place); the work stays pending until then.
+			w.fail(&backend.OpError{Op: w.op.String(), Seq: w.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: v.kind, Detail: v.detail, Ranks: v.ranks})
+		}
+	}
+	if n > 0 {
+		m := copy(g.ver, g.ver[n:])
+		clear(g.ver[m:])
+		g.ver = g.ver[:m]
+	}
+}
+
+// fpAheadPeer returns a peer's slot of seq that was posted ahead, if any.
+func fpAheadPeer(g *fpGate, seq uint64) (fpSlot, bool) {
+	for p := range g.size {
+		if p == g.rank {
+			continue
+		}
+		if s, ok := g.board.peek(p, seq); ok && s.ahead {
+			return s, true
+		}
+	}
+	return fpSlot{}, false
+}
+
+// fpStandInLocked puts into UCC, for w (held, failed by a mismatch with a
+// peer that posted its op ahead as s), the collective that peer posted,
+// over the gate's scratch memory in place of w's buffers, so that UCC
+// runs the same collective on every rank. w stays pending until UCC is
+// done with it. b.mu is held.
+func (b *Backend) fpStandInLocked(w *work, s fpSlot) {
+	g := b.fp
+	d, n, ok := fpDesc(s)
+	if !ok {
+		// Not a collective a rank may post ahead: a peer's slot can hold one
+		// only if its gocoll differs from this one.
+		w.fpw.held, w.live = false, 0
+		return
+	}
+	if g.scratchLen < n {
+		C.free(g.scratch)
+		g.scratch, g.scratchLen = C.malloc(C.size_t(n)), n
+	}
+	g.nStandIn++
+	d.src = C.uintptr_t(uintptr(g.scratch))
+	d.dst = d.src
+	w.descs = append(w.descv[:0], d)
+	w.reqs = w.reqv[:1]
+	b.fpStartLocked(w)
+}
+
+// fpAheadDoneLocked records that the group agreed on op seq and UCC has
+// it: its fingerprint (rank 0's slot, the same words on every rank) is L
+// from now on. mine is this rank's slot of seq. b.mu is held.
+func (b *Backend) fpAheadDoneLocked(seq uint64, mine fpSlot) {
+	g := b.fp
+	s := mine
+	if g.rank != 0 {
+		var ok bool
+		if s, ok = g.board.peek(0, seq); !ok {
+			g.lastOK = false
+			return
+		}
+	}
+	s.ahead = false
+	g.last, g.lastOK = s, true
+}
+
+// fpFreeScratchLocked releases the stand-ins' scratch memory, once UCC
+// holds no request (Close).
+func (g *fpGate) fpFreeScratchLocked() {
+	if g.scratch != nil {
+		C.free(g.scratch)
+		g.scratch, g.scratchLen = nil, 0
+	}
+}
