@@ -81,12 +81,29 @@ func TestREADMEListsVariables(t *testing.T) {
 		t.Fatal(err)
 	}
 	yields(YieldAuto, 2, 2, record)
-	if len(read) != 5 {
-		t.Fatalf("%d variables read, want 5: %v", len(read), read)
+	if len(read) != 6 {
+		t.Fatalf("%d variables read, want 6: %v", len(read), read)
 	}
 	for _, n := range read {
 		if !strings.Contains(string(readme), "`"+n+"`") {
 			t.Errorf("README.md does not list `%s`", n)
 		}
+	}
+}
+
+// TestFingerprintsAheadOption: on is the default, off is taken, and any
+// other value fails naming the variable and its values.
+func TestFingerprintsAheadOption(t *testing.T) {
+	o, err := resolveOptions(Options{}, time.Minute, knob.Map(nil))
+	if err != nil || o.FingerprintsAhead != AheadOn {
+		t.Fatalf("default: %q, %v; want %q", o.FingerprintsAhead, err, AheadOn)
+	}
+	o, err = resolveOptions(Options{}, time.Minute, knob.Map(map[string]string{EnvFingerprintsAhead: "off"}))
+	if err != nil || o.FingerprintsAhead != AheadOff {
+		t.Fatalf("%s=off: %q, %v", EnvFingerprintsAhead, o.FingerprintsAhead, err)
+	}
+	_, err = resolveOptions(Options{}, time.Minute, knob.Map(map[string]string{EnvFingerprintsAhead: "maybe"}))
+	if !errors.Is(err, backend.ErrInvalidArgument) || !strings.Contains(err.Error(), EnvFingerprintsAhead) || !strings.Contains(err.Error(), "on or off") {
+		t.Fatalf("%s=maybe: %v; want ErrInvalidArgument naming it and the values", EnvFingerprintsAhead, err)
 	}
 }
