@@ -24,7 +24,9 @@ import (
 // number and publishes its fingerprint. It goes to UCC (initialised and
 // posted, gu_coll_start) right there when it is at the head of the queue
 // and every peer's fingerprint of its number is already there and equal:
-// the last rank to issue an op starts it at once. Otherwise the work
+// the last rank to issue an op starts it at once (and an in-place
+// allreduce equal to the last op the group agreed on goes to UCC at
+// issue, its check to follow: fpahead.go). Otherwise the work
 // waits in the queue, in b.pending but unknown to UCC (held), and every
 // round of the progress loop (reapLocked: the progress goroutine, or a
 // caller driving its Wait) publishes what has room and starts the head
