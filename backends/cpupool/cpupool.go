@@ -157,6 +157,7 @@ type Backend struct {
 
 	spin  time.Duration // the mesh's PollSpin in effect
 	jobs  jobPool       // the jobs of completed lane allreduces (work.go)
+	works workSlab      // the Works of small lane allreduces, under mu (work.go)
 	flat  bool          // small lane allreduces take one exchange (lanes.go, flatFor)
 	lanes int           // the largest allreduce that takes the lanes (laneBytes), fixed at set-up
 	// scratch is the flat lane allreduce's copy of this rank's
@@ -439,13 +440,17 @@ func (b *Backend) runJob(j *job) {
 			b.mesh.FailTag(j.tag, code, peer, errors.New(detailOf(err)))
 		}
 	}
-	j.cancel()
 	// A lane allreduce that succeeded, and whose context nobody derived
 	// from (no Done channel), leaves nothing behind that could still
 	// reach its job: it may go back to the pool once its Work's methods
 	// are out of it (work.release). Its Work keeps the op's outcome.
+	// Nothing can look at such a context any more (the run is over, and
+	// an abort cancels it itself), so only the others are cancelled.
 	h := j.h
 	reuse := err == nil && j.lane && j.laneRun == nil && !j.jc.made.Load()
+	if !reuse {
+		j.cancel()
+	}
 	j.w.Complete(j.outputs, err)
 	h.release(reuse) // the run's reference: j is not touched after this
 }
@@ -479,6 +484,12 @@ func kindOf(err error) error {
 // option, else the group's default); zero, from a caller that bypasses the
 // dispatcher, means none.
 func (b *Backend) newJob(ctx context.Context, op backend.Op, m backend.Meta, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error) *job {
+	return b.newJobWork(ctx, op, m, outputs, run, new(work))
+}
+
+// newJobWork is newJob with the op's Work given: a zero work, from new or
+// from the Backend's slab (workSlab).
+func (b *Backend) newJobWork(ctx context.Context, op backend.Op, m backend.Meta, outputs []*tensor.Tensor, run func(ctx context.Context, tag uint64) error, h *work) *job {
 	to := m.Timeout
 	j := b.jobs.get()
 	j.op, j.seq, j.peer, j.timeout, j.outputs, j.run = op, m.Seq, -1, to, outputs, run
@@ -486,8 +497,10 @@ func (b *Backend) newJob(ctx context.Context, op backend.Op, m backend.Meta, out
 	j.ctx = &j.jc
 	// The Work is the op's one allocation (docs/perf.md, issue 17): the
 	// job comes from the pool, and goes back to it once the op is done.
-	h := &work{b: b, j: j, op: op, timeout: to}
-	h.deadline, _ = j.jc.Deadline()
+	h.b, h.j, h.op, h.timeout = b, j, op, to
+	if dl, ok := j.jc.Deadline(); ok {
+		h.deadline = backend.MonoOf(dl)
+	}
 	h.refs.Store(1) // the run's
 	h.Init(m.Seq, true, h)
 	j.h, j.w = h, &h.HostWork

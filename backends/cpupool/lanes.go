@@ -276,19 +276,25 @@ func (b *Backend) allreduceDirect(ctx context.Context, m backend.Meta, fp tcpmes
 // the tag, and runJob runs it in its turn (runLane). With run nil, it is
 // a lane allreduce of bufs with k (runAllreduceLanes).
 func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.Meta, fp tcpmesh.Fingerprint, outputs []*tensor.Tensor, run func(ctx context.Context, lo *laneOp) error, bufs [][]byte, k reduce.Kernel) (backend.Work, error) {
-	j := b.newJob(ctx, op, m, outputs, nil)
-	// Copied: the caller's bufs may be its stack (Allreduce's local).
-	j.lane, j.fp, j.laneRun, j.k = true, fp, run, k
-	j.bufs = append(j.buf1[:0], bufs...)
-	// One hold of mu checks the backend, takes the tag and the ticket
-	// together (so that lane ops' turns follow their tags) and tracks
-	// the work: a small op's issue takes each lock it needs once.
+	// One hold of mu checks the backend, takes the Work (from the slab
+	// for a small allreduce), the tag and the ticket together (so that
+	// lane ops' turns follow their tags) and tracks the work: a small
+	// op's issue takes each lock it needs once.
 	b.mu.Lock()
 	if err := b.usableLocked(op, m.Seq); err != nil {
 		b.mu.Unlock()
-		j.cancel()
 		return nil, err
 	}
+	var h0 *work
+	if run == nil && len(bufs) == 1 && len(bufs[0]) <= slabBytes {
+		h0 = b.works.get()
+	} else {
+		h0 = new(work)
+	}
+	j := b.newJobWork(ctx, op, m, outputs, nil, h0)
+	// Copied: the caller's bufs may be its stack (Allreduce's local).
+	j.lane, j.fp, j.laneRun, j.k = true, fp, run, k
+	j.bufs = append(j.buf1[:0], bufs...)
 	j.tag = b.issued.Add(1)
 	j.ticket = b.laneIssued
 	b.laneIssued++

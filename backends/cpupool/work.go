@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/gocoll/gocoll/backend"
 )
@@ -21,7 +22,8 @@ import (
 // The Work and the job are separate, so that the job can be reused. The
 // Work holds what its methods answer once the op is done (the HostWork:
 // outcome, outputs, times) and lives as long as anyone holds it, as the
-// Work of a PyTorch op does; it is the op's one allocation, 176 bytes.
+// Work of a PyTorch op does; it is the op's one allocation, 160 bytes
+// (for a small lane allreduce, a share of a slab's: workSlab).
 // The job (the op's run: its context, lane view, buffers; 480 bytes)
 // goes back to the Backend's pool once nothing can reach it any more
 // (jobPool), rather than to the garbage collector: at 8 B, the collector
@@ -40,9 +42,13 @@ type work struct {
 	j        *job // valid while refs > 0
 	op       backend.Op
 	timeout  time.Duration
-	deadline time.Time // the job context's
+	deadline time.Duration // the job context's, on the backend.Mono clock; 0: none
 	refs     atomic.Int32
-	reuse    atomic.Bool // set by the run: the job may go back to the pool
+	// reuse is set by the run's release, before its refs.Add: the job
+	// may go back to the pool. Whoever drops refs to zero reads it after
+	// its own Add, which the run's precedes, so a plain field will do
+	// (one locked instruction fewer per op than an atomic store).
+	reuse bool
 }
 
 // acquire takes a reference to the job, unless the op has completed (a
@@ -66,9 +72,9 @@ func (w *work) acquire() bool {
 // may be reused. The last one out puts the job back in the pool.
 func (w *work) release(reuse bool) {
 	if reuse {
-		w.reuse.Store(true)
+		w.reuse = true
 	}
-	if w.refs.Add(-1) == 0 && w.reuse.Load() {
+	if w.refs.Add(-1) == 0 && w.reuse {
 		j := w.j
 		w.j = nil
 		w.b.jobs.put(j)
@@ -98,8 +104,8 @@ func (w *work) WaitHost(ctx context.Context) error {
 	if errors.As(err, &we) && we.Op == "" {
 		we.Op, we.Rank, we.Backend, we.Timeout = w.op.String(), w.b.cfg.Rank, Name, w.timeout
 		we.Waited = backend.Mono() - start
-		if !w.deadline.IsZero() {
-			we.Elapsed = w.timeout - time.Until(w.deadline)
+		if w.deadline != 0 {
+			we.Elapsed = w.timeout - (w.deadline - backend.Mono())
 		}
 	}
 	return err
@@ -134,4 +140,33 @@ func (p *jobPool) get() *job {
 func (p *jobPool) put(j *job) {
 	*j = job{}
 	p.p.Put(j)
+}
+
+// workSlab hands out the Works of small lane allreduces from chunks of
+// slabWorks, allocated together: one allocation per slabWorks ops rather
+// than one per op. At 2 ranks and 8 B, the Work's allocation was about a
+// twentieth of the op's own CPU time (mallocgc, its assists), one call
+// per op (docs/perf.md, issue 17, eighth pass). The price is that a Work
+// kept keeps its chunk alive, and with it the outputs of up to
+// slabWorks-1 other ops; hence small ops only (slabBytes), whose outputs
+// are small tensors. The Backend's mu guards it.
+type workSlab struct{ free []work }
+
+const (
+	// slabWorks is how many Works a chunk holds: a 4 KiB size class's
+	// worth.
+	slabWorks = 4096 / int(unsafe.Sizeof(work{}))
+	// slabBytes is the largest lane allreduce (one tensor) whose Work
+	// comes from the slab.
+	slabBytes = 4 << 10
+)
+
+// get returns a zero Work; b.mu is held.
+func (s *workSlab) get() *work {
+	if len(s.free) == 0 {
+		s.free = make([]work, slabWorks)
+	}
+	w := &s.free[0]
+	s.free = s.free[1:]
+	return w
 }
