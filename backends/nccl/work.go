@@ -449,7 +449,9 @@ func (w *Work) Wait(ctx context.Context) error {
 			}
 			w.mu.Unlock()
 		}
-		w.releaseStash()
+		if w.nstash != 0 || w.ix != nil { // else nothing was stashed (the current stream's tensors)
+			w.releaseStash()
+		}
 	}
 	if w.barrier {
 		// PyTorch's barrier: the current stream is synchronised, so the
