@@ -70,8 +70,11 @@ type fpGate struct {
 	ver        []*work        // the works posted ahead, not yet checked, in order
 	scratch    unsafe.Pointer // C memory the stand-ins point UCC at; nil: none yet
 	scratchLen int
-	nAhead     uint64 // works posted ahead (for the tests)
-	nStandIn   uint64 // stand-ins posted
+	// outgrown holds scratch that a larger stand-in replaced: an earlier
+	// stand-in may still be in UCC over it, so it is freed only at Close.
+	outgrown []unsafe.Pointer
+	nAhead   uint64 // works posted ahead (for the tests)
+	nStandIn uint64 // stand-ins posted
 }
 
 // fpWork is a work's part in the check.

@@ -177,8 +177,17 @@ func (b *Backend) fpStandInLocked(w *work, s fpSlot) {
 		return
 	}
 	if g.scratchLen < n {
-		C.free(g.scratch)
-		g.scratch, g.scratchLen = C.malloc(C.size_t(n)), n
+		m := C.malloc(C.size_t(n))
+		if m == nil {
+			// No memory for the stand-in: the work fails with its verdict
+			// unposted, as when the peer's op cannot be rebuilt.
+			w.fpw.held, w.live = false, 0
+			return
+		}
+		if g.scratch != nil {
+			g.outgrown = append(g.outgrown, g.scratch)
+		}
+		g.scratch, g.scratchLen = m, n
 	}
 	g.nStandIn++
 	d.src = C.uintptr_t(uintptr(g.scratch))
@@ -212,4 +221,8 @@ func (g *fpGate) fpFreeScratchLocked() {
 		C.free(g.scratch)
 		g.scratch, g.scratchLen = nil, 0
 	}
+	for _, p := range g.outgrown {
+		C.free(p)
+	}
+	g.outgrown = nil
 }
