@@ -4,22 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
-	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
 )
 
 // aheadRankEnv makes the test binary one rank of TestFingerprintsAhead
-// ("RANK:STOREFILE"), a process per rank as in TestBoardFlowControl.
+// ("RANK:STOREFILE"; inRankProcesses).
 const aheadRankEnv = "GOCOLL_UCC_TEST_AHEAD_RANK"
 
 // TestFingerprintsAhead: two ranks run a loop of one allreduce; from the
@@ -35,57 +29,14 @@ const aheadRankEnv = "GOCOLL_UCC_TEST_AHEAD_RANK"
 // named on both ranks, if the stand-in is not posted, or if the group
 // does not work on (a wrong sum, or a hang to the deadline).
 func TestFingerprintsAhead(t *testing.T) {
-	if v := os.Getenv(aheadRankEnv); v != "" {
-		r, path, _ := strings.Cut(v, ":")
-		rank, err := strconv.Atoi(r)
-		if err != nil {
-			t.Fatalf("%s=%q", aheadRankEnv, v)
-		}
-		aheadRank(t, rank, path)
-		return
-	}
-	if err := Load(); err != nil {
-		t.Skipf("libucc cannot be loaded here (%v); the ucc conformance run in the sid root covers the backend", err)
-	}
-	path := filepath.Join(t.TempDir(), "store")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	outs := make([][]byte, 2)
-	errs := make([]error, 2)
-	for r := range 2 {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestFingerprintsAhead$", "-test.v")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%s", aheadRankEnv, r, path))
-		wg.Go(func() { outs[r], errs[r] = cmd.CombinedOutput() })
-	}
-	wg.Wait()
-	for r := range 2 {
-		if errs[r] != nil || !strings.Contains(string(outs[r]), "--- PASS: TestFingerprintsAhead") {
-			t.Errorf("rank %d: %v\n%s", r, errs[r], outs[r])
-		}
-	}
+	inRankProcesses(t, "TestFingerprintsAhead", aheadRankEnv, aheadRank)
 }
 
 // aheadRank is one rank of TestFingerprintsAhead.
 func aheadRank(t *testing.T, rank int, path string) {
-	st, err := store.NewFileStore(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	_, b := rankBackend(t, rank, path, "ahead-test", 20*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	be, err := New(ctx, backend.Config{Store: st, Rank: rank, WorldSize: 2, GroupName: "0", GroupDesc: "ahead-test",
-		Timeout: 20 * time.Second, Options: &Options{Fingerprints: FingerprintsShm}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := be.(*Backend)
-	defer func() {
-		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer ccancel()
-		_ = b.Close(cctx)
-	}()
 	seq := uint64(0)
 	// op allreduces n elements of rank+1 and returns the first element
 	// of the result.

@@ -2,25 +2,15 @@ package ucc
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
-	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
 )
 
 // flowRankEnv makes the test binary one rank of TestBoardFlowControl
-// ("RANK:STOREFILE"): UCC's contexts of two ranks in one process did not
-// wire up reliably (the out-of-band allgather of one timed out), so each
-// rank is a process, as in conformance.
+// ("RANK:STOREFILE"; inRankProcesses says why a process per rank).
 const flowRankEnv = "GOCOLL_UCC_TEST_FLOW_RANK"
 
 // TestBoardFlowControl: rank 0 issues more allreduces than the board's
@@ -31,57 +21,14 @@ const flowRankEnv = "GOCOLL_UCC_TEST_FLOW_RANK"
 // own. It fails if a number is published out of order or twice (wrong
 // sums, or a hang to the deadline) or if the ring's limit is not kept.
 func TestBoardFlowControl(t *testing.T) {
-	if v := os.Getenv(flowRankEnv); v != "" {
-		r, path, _ := strings.Cut(v, ":")
-		rank, err := strconv.Atoi(r)
-		if err != nil {
-			t.Fatalf("%s=%q", flowRankEnv, v)
-		}
-		flowRank(t, rank, path)
-		return
-	}
-	if err := Load(); err != nil {
-		t.Skipf("libucc cannot be loaded here (%v); the ucc conformance run in the sid root covers the backend", err)
-	}
-	path := filepath.Join(t.TempDir(), "store")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	outs := make([][]byte, 2)
-	errs := make([]error, 2)
-	for r := range 2 {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestBoardFlowControl$", "-test.v")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%s", flowRankEnv, r, path))
-		wg.Go(func() { outs[r], errs[r] = cmd.CombinedOutput() })
-	}
-	wg.Wait()
-	for r := range 2 {
-		if errs[r] != nil || !strings.Contains(string(outs[r]), "--- PASS: TestBoardFlowControl") {
-			t.Errorf("rank %d: %v\n%s", r, errs[r], outs[r])
-		}
-	}
+	inRankProcesses(t, "TestBoardFlowControl", flowRankEnv, flowRank)
 }
 
 // flowRank is one rank of TestBoardFlowControl.
 func flowRank(t *testing.T, rank int, path string) {
-	st, err := store.NewFileStore(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st, b := rankBackend(t, rank, path, "flow-test", time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	be, err := New(ctx, backend.Config{Store: st, Rank: rank, WorldSize: 2, GroupName: "0", GroupDesc: "flow-test",
-		Timeout: time.Minute, Options: &Options{Fingerprints: FingerprintsShm}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := be.(*Backend)
-	defer func() {
-		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer ccancel()
-		_ = b.Close(cctx)
-	}()
 	const n = fpSlots + 88
 	if rank == 1 {
 		// Rank 1 issues once rank 0 has issued all of its ops.
