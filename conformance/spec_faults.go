@@ -11,6 +11,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2" //nolint:revive // Ginkgo's DSL
 	. "github.com/onsi/gomega"    //nolint:revive // Gomega's DSL
+	"github.com/onsi/gomega/types"
 )
 
 func defineFaultSpecs(s *Suite) {
@@ -64,14 +65,7 @@ func defineFaultSpecs(s *Suite) {
 					s.Require(s.Caps.MismatchChecks, "the backend does not check the ops' fingerprints itself (only GOCOLL_DEBUG=detail does)")
 				}
 				_, kids := s.RunChildren("mismatch-dtype", world, env...)
-				for _, k := range kids {
-					Expect(k.Code).To(Equal(0), "%v", k)
-					Expect(k.Results["invalid"]).To(Equal("true"), "rank %d: want ErrInvalidArgument: %v", k.Rank, k)
-					Expect(k.Results["err_ranks"]).To(Equal("[0 1]"), "rank %d: %v", k.Rank, k)
-					Expect(k.Results["detail"]).To(ContainSubstring("rank 0 allreduce float32 x 1024 (SUM), rank 1 allreduce int32 x 1024 (SUM)"), "rank %d: %v", k.Rank, k)
-					Expect(k.Results["detail"]).To(Equal(kids[0].Results["detail"]), "the ranks' words differ")
-					Expect(k.Results["next"]).To(Equal("<nil>"), "rank %d: the next, matching op: %v", k.Rank, k)
-				}
+				expectNamedMismatch(kids, "rank 0 allreduce float32 x 1024 (SUM), rank 1 allreduce int32 x 1024 (SUM)")
 			},
 			Entry("found by the backend itself (in-band fingerprints)", false),
 			Entry("found by the dispatcher's check, GOCOLL_DEBUG=detail (every backend)", true),
@@ -85,13 +79,7 @@ func defineFaultSpecs(s *Suite) {
 				var first string
 				for run := range 3 {
 					_, kids := s.RunChildren(scenario, world)
-					for _, k := range kids {
-						Expect(k.Code).To(Equal(0), "%v", k)
-						Expect(k.Results["invalid"]).To(Equal("true"), "rank %d: want ErrInvalidArgument: %v", k.Rank, k)
-						Expect(k.Results["err_ranks"]).To(Equal("[0 1]"), "rank %d: %v", k.Rank, k)
-						Expect(k.Results["detail"]).To(Or(ContainSubstring(want), ContainSubstring(wantBytes)), "rank %d: %v", k.Rank, k)
-						Expect(k.Results["next"]).To(Equal("<nil>"), "rank %d: the next, matching op: %v", k.Rank, k)
-					}
+					expectNamedMismatch(kids, want, wantBytes)
 					if run == 0 {
 						first = kids[0].Results["detail"]
 					}
@@ -112,14 +100,7 @@ func defineFaultSpecs(s *Suite) {
 				s.RequireChildren(world)
 				s.Require(s.Caps.MismatchChecks, "the backend does not check the ops' fingerprints itself (only GOCOLL_DEBUG=detail does)")
 				_, kids := s.RunChildren(scenario, world)
-				for _, k := range kids {
-					Expect(k.Code).To(Equal(0), "%v", k)
-					Expect(k.Results["invalid"]).To(Equal("true"), "rank %d: want ErrInvalidArgument: %v", k.Rank, k)
-					Expect(k.Results["err_ranks"]).To(Equal("[0 1]"), "rank %d: %v", k.Rank, k)
-					Expect(k.Results["detail"]).To(Or(ContainSubstring(want), ContainSubstring(wantBytes)), "rank %d: %v", k.Rank, k)
-					Expect(k.Results["detail"]).To(Equal(kids[0].Results["detail"]), "the ranks' words differ")
-					Expect(k.Results["next"]).To(Equal("<nil>"), "rank %d: the next, matching op: %v", k.Rank, k)
-				}
+				expectNamedMismatch(kids, want, wantBytes)
 			},
 			Entry("float32 and int32 of one size", "mismatch-dtype-ahead",
 				"rank 0 allreduce float32 x 1024 (SUM), rank 1 allreduce int32 x 1024 (SUM)", "rank 0 allreduce float32 x 1024 (SUM), rank 1 allreduce int32 x 1024 (SUM)"),
@@ -129,6 +110,27 @@ func defineFaultSpecs(s *Suite) {
 				"rank 0 allreduce float32 x 1048576 (SUM), rank 1 allreduce float32 x 1047552 (SUM)", "rank 0 4194304 bytes, rank 1 4190208 bytes"),
 		)
 	})
+}
+
+// expectNamedMismatch checks the ranks of a 2-rank mismatch scenario:
+// each exits cleanly with ErrInvalidArgument naming ranks 0 and 1, its
+// detail holds one of wants (the ops' words, or their sizes in bytes) in
+// the same words on every rank, and its next, matching op succeeds (the
+// group works on).
+func expectNamedMismatch(kids []*ChildResult, wants ...string) {
+	GinkgoHelper()
+	matchers := make([]types.GomegaMatcher, len(wants))
+	for i, w := range wants {
+		matchers[i] = ContainSubstring(w)
+	}
+	for _, k := range kids {
+		Expect(k.Code).To(Equal(0), "%v", k)
+		Expect(k.Results["invalid"]).To(Equal("true"), "rank %d: want ErrInvalidArgument: %v", k.Rank, k)
+		Expect(k.Results["err_ranks"]).To(Equal("[0 1]"), "rank %d: %v", k.Rank, k)
+		Expect(k.Results["detail"]).To(Or(matchers...), "rank %d: %v", k.Rank, k)
+		Expect(k.Results["detail"]).To(Equal(kids[0].Results["detail"]), "the ranks' words differ")
+		Expect(k.Results["next"]).To(Equal("<nil>"), "rank %d: the next, matching op: %v", k.Rank, k)
+	}
 }
 
 func init() { Define(defineFaultSpecs) }
