@@ -77,9 +77,7 @@ func (b *Backend) retireStaged(c *comm) {
 		if !q.isFinished() {
 			evs = q.completeInOrderTo(evs)
 		}
-		if q.nstash != 0 || q.ix != nil {
-			q.releaseStash() // an op never waited on
-		}
+		q.releaseStash() // an op never waited on
 	}
 	if len(evs) > 0 {
 		c.putEvents(evs...)

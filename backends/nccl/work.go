@@ -292,7 +292,19 @@ func (w *Work) stashHeld() int {
 // releaseStash releases the stash now, if no one took it before (after a
 // stream wait, as synchronizeStream does: the order is the whole of the
 // safety).
+//
+// A work that stashed nothing (an op on the current stream of tensors
+// allocated there: the training loop's case) returns at once, in a check
+// small enough to inline into Wait and early retirement.
 func (w *Work) releaseStash() {
+	if w.nstash == 0 && w.ix == nil {
+		return
+	}
+	w.releaseStashSlow()
+}
+
+// releaseStashSlow is releaseStash past its inlined check.
+func (w *Work) releaseStashSlow() {
 	var buf [len(w.stash)]cuda.Retainer
 	for _, r := range w.appendStash(buf[:0]) {
 		r.Release()
@@ -449,9 +461,7 @@ func (w *Work) Wait(ctx context.Context) error {
 			}
 			w.mu.Unlock()
 		}
-		if w.nstash != 0 || w.ix != nil { // else nothing was stashed (the current stream's tensors)
-			w.releaseStash()
-		}
+		w.releaseStash()
 	}
 	if w.barrier {
 		// PyTorch's barrier: the current stream is synchronised, so the
