@@ -53,6 +53,12 @@ import (
 // reach UCC under one number: only ops equal to L go ahead, and whoever
 // differs posts L's collective instead.
 
+// fpAheadBit is fpSlot.ahead in a slot's first data word (bits 24-31 of
+// it are free: op, dtype and reduce op take the three bytes below, the
+// root the upper half). It is ucc_dl.h's GU_FP_AHEAD, which gu_fp_drive
+// masks out, so the two sides cannot disagree.
+const fpAheadBit = C.GU_FP_AHEAD
+
 // fpDesc is the UCC collective of an op posted ahead with fingerprint s,
 // without its buffers, and its size in bytes; false where s is not an
 // in-place allreduce UCC reduces whole (no AVG or PREMUL_SUM, no widened

@@ -47,11 +47,6 @@ type fpSlot struct {
 	ahead bool
 }
 
-// fpAheadBit is fpSlot.ahead in a slot's first data word (bits 24-31 of
-// it are free: op, dtype and reduce op take the three bytes below, the
-// root the upper half). gu_fp_drive masks it out too (ucc_dl.c).
-const fpAheadBit = 1 << 24
-
 // words packs s into the two data words of a slot.
 func (s fpSlot) words() (w1, w2 uint64) {
 	w1 = uint64(s.fp.Op) | uint64(s.fp.DType)<<8 | uint64(s.fp.ReduceOp)<<16 | uint64(uint32(s.root))<<32

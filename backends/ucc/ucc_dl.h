@@ -165,7 +165,7 @@ int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *sto
 // gu_fp_drive's outcomes before the start (it returns gu_coll_start's or
 // gu_drive's result once it started the op).
 enum { GU_FP_WAITING = 1, GU_FP_DIFFER = 2 };
-// fpAheadBit (fpboard.go): a peer posted the op ahead of the check.
+// A peer posted the op ahead of the check: fpSlot.ahead (fpAheadBit, fpahead.go).
 #define GU_FP_AHEAD (1u << 24)
 int gu_fp_drive(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *at, int *posting, uintptr_t ctx, int *err,
                 const int32_t *stop, int64_t spin_ns, int yield, const uintptr_t *slots, int nslots, uint64_t tag, uint64_t w1,
