@@ -122,17 +122,26 @@ func (l *laneOp) ReadPeer(peer int, dst []byte, addr uintptr) error {
 }
 
 func (l *laneOp) Expect(ctx context.Context, peer, n int) error {
-	return l.b.mesh.LaneExpect(ctx, peer, func() error { return l.b.mesh.TagError(peer, l.tag, n) })
+	return l.b.mesh.LaneExpect(ctx, peer, func() error { return l.b.mesh.LaneCheck(peer, l.tag, l.fp, n) })
 }
 
 func (l *laneOp) Recv(ctx context.Context, peer int, n, unit int, fn func(off int, src []byte)) error {
-	return l.b.mesh.LaneRecvHeld(ctx, peer, l.tag, l.fp, n, unit, fn, func() error { return l.b.mesh.TagError(peer, l.tag, n) })
+	return l.b.mesh.LaneRecvHeld(ctx, peer, l.tag, l.fp, n, unit, fn, func() error { return l.b.mesh.LaneCheck(peer, l.tag, l.fp, n) })
 }
 
 func (l *laneOp) RecvInto(ctx context.Context, peer int, buf []byte, unit int, fn func(dst, src []byte)) error {
 	// The closures do not escape (LaneRecvHeld only calls them): no allocation.
 	return l.b.mesh.LaneRecvHeld(ctx, peer, l.tag, l.fp, len(buf), unit, func(off int, src []byte) { fn(buf[off:off+len(src)], src) },
-		func() error { return l.b.mesh.TagError(peer, l.tag, len(buf)) })
+		func() error { return l.b.mesh.LaneCheck(peer, l.tag, l.fp, len(buf)) })
+}
+
+// BoardPost and BoardRecvInto (coll.Board) run within runLane's HoldLanes.
+func (l *laneOp) BoardPost(ctx context.Context, buf []byte) error {
+	return l.b.mesh.BoardPostHeld(ctx, l.tag, l.fp, buf)
+}
+
+func (l *laneOp) BoardRecvInto(ctx context.Context, peer int, buf []byte, fn func(dst, src []byte)) error {
+	return l.b.mesh.BoardRecvHeld(ctx, peer, l.tag, l.fp, buf, fn)
 }
 
 // laneTurn waits until the lane op with ticket t may run: every earlier
@@ -214,9 +223,12 @@ func (b *Backend) allreduceLanes(ctx context.Context, m backend.Meta, fp tcpmesh
 // to flatBytes in worlds of up to flatRanks, when more ranks than cores
 // share the host (Backend.flat; every rank of the host sees the same).
 // 4 ranks on 2 cores at 8 B: docs/perf.md, issue 17.
+// With a board (tcpmesh.Mesh.Board: 3 to 8 ranks), each rank posts its
+// buffer there once rather than sending it to every peer
+// (coll.AllreduceBoard).
 const (
-	flatBytes = 1 << 10
-	flatRanks = 8
+	flatBytes = tcpmesh.BoardMax
+	flatRanks = tcpmesh.BoardRanks
 )
 
 // flatFor reports whether a lane allreduce of n bytes takes one exchange.
@@ -228,7 +240,9 @@ func (b *Backend) flatFor(n int) bool {
 func (b *Backend) runAllreduceLanes(ctx context.Context, lo *laneOp, bufs [][]byte, k reduce.Kernel) error {
 	buf := combineLocal(k, bufs, 0)
 	var err error
-	if b.flatFor(len(buf)) {
+	if b.flatFor(len(buf)) && b.mesh.Board() {
+		err = coll.AllreduceBoard(ctx, lo, buf, k)
+	} else if b.flatFor(len(buf)) {
 		if len(b.scratch) < len(buf) {
 			b.scratch = make([]byte, flatBytes)
 		}

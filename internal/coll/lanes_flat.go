@@ -46,3 +46,43 @@ func AllreduceLanesFlat(ctx context.Context, t Lanes, buf []byte, k reduce.Kerne
 	}
 	return nil
 }
+
+// Board is a Lanes whose ranks share a board (tcpmesh's): a message is
+// posted once for every peer to read.
+type Board interface {
+	Lanes
+	// BoardPost posts buf as this rank's message of the op.
+	BoardPost(ctx context.Context, buf []byte) error
+	// BoardRecvInto hands peer's message of the op (this rank's own when
+	// peer is its rank) to fn(buf, message); the message has len(buf)
+	// bytes.
+	BoardRecvInto(ctx context.Context, peer int, buf []byte, fn func(dst, src []byte)) error
+}
+
+// AllreduceBoard is AllreduceLanesFlat over a board: each rank posts its
+// buffer once, then combines the n contributions in rank order, x0, x1,
+// ..., straight from the board, so every rank computes the same bits (and
+// the same as AllreduceLanesFlat's). One write per rank and op where the
+// lanes take n-1: at 4 ranks on 2 cores and 8 B the lane writes were the
+// largest part of the op's own CPU time (docs/perf.md, issue 17, ninth
+// pass).
+func AllreduceBoard(ctx context.Context, t Board, buf []byte, k reduce.Kernel) error {
+	n, r := t.Size(), t.Rank()
+	if n <= 1 || len(buf) == 0 {
+		return nil
+	}
+	if err := t.BoardPost(ctx, buf); err != nil {
+		return err
+	}
+	if r != 0 {
+		if err := t.BoardRecvInto(ctx, 0, buf, copyRun); err != nil {
+			return err
+		}
+	}
+	for q := 1; q < n; q++ {
+		if err := t.BoardRecvInto(ctx, q, buf, k.Combine); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -256,6 +256,35 @@ func (m *Mesh) TagError(peer int, tag uint64, want int) error {
 	return nil
 }
 
+// LaneCheck is TagError for a lane receive of the op with tag (described
+// by fp, want bytes) from peer, which also looks at peer's board slots:
+// a peer that posted the op there (a flat exchange, where this rank's
+// size sent it elsewhere) is at odds with this rank, which refuses the op.
+func (m *Mesh) LaneCheck(peer int, tag uint64, fp Fingerprint, want int) error {
+	if err := m.TagError(peer, tag, want); err != nil {
+		return err
+	}
+	if err := m.boardConflict(peer, tag, fp, want); err != nil {
+		m.refuseTag(tag, err)
+		return err
+	}
+	return nil
+}
+
+// boardCheck is the check of a board receive of the op with tag (fp, want
+// bytes) from peer: TagError, or the peer's lane frame of the op (it ran
+// it over its lanes: its size differs).
+func (m *Mesh) boardCheck(peer int, tag uint64, fp Fingerprint, want int) error {
+	if err := m.TagError(peer, tag, want); err != nil {
+		return err
+	}
+	if err := m.laneConflict(peer, tag, fp); err != nil {
+		m.refuseTag(tag, err)
+		return err
+	}
+	return nil
+}
+
 // laneConflict is the mismatch of a receive of the op with tag (described
 // by fp) from peer over the rings when the peer runs that op over its
 // lane instead (its lane message for tag waits in this rank's lane), or
@@ -273,7 +302,8 @@ func (m *Mesh) laneConflict(peer int, tag uint64, fp Fingerprint) error {
 	}
 	var h [laneHdr]byte
 	if !p.lane.In.PeekStable(h[:]) || h[lhOp+3] != laneMagic || binary.LittleEndian.Uint64(h[lhTag:]) != tag {
-		return nil
+		// Or the peer posted the op on the board (a flat exchange).
+		return m.boardConflict(peer, tag, fp, -1)
 	}
 	theirs := Fingerprint{Op: h[lhOp], DType: h[lhOp+1], ReduceOp: h[lhOp+2], Count: binary.LittleEndian.Uint64(h[lhCount:])}
 	return &MismatchError{Rank: peer, Tag: tag, Theirs: theirs, Ours: fp}

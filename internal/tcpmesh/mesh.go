@@ -154,6 +154,16 @@ type Mesh struct {
 	probeID    atomic.Uint64
 	laneHold   sync.RWMutex // read-held by lane ops (HoldLanes); Close takes it to unmap the lanes
 
+	// The board (board.go), nil without one. Its posts and receives run
+	// within HoldLanes; the looks of other waits (boardConflict)
+	// read-hold boardMu; Close takes both to unmap, after which boardGone
+	// is set. boardSeen is, per peer, the greatest stamp seen in its
+	// slots (lane ops run one at a time: no lock).
+	board     *shm.Board
+	boardSeen []uint64
+	boardMu   sync.RWMutex
+	boardGone bool
+
 	notices sync.WaitGroup // abort notices in flight (notify)
 	readers sync.WaitGroup
 	reqPool sync.Pool
@@ -280,6 +290,12 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 			m.abandon()
 			return nil, err
 		}
+		if m.size >= 3 && m.size <= BoardRanks {
+			if err := m.setupBoard(ctx); err != nil {
+				m.abandon()
+				return nil, err
+			}
+		}
 	}
 	local := 1 + m.shmPeers
 	oversubscribed := local > runtime.NumCPU()
@@ -298,6 +314,9 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 				p.pair.In.Spin, p.pair.Out.Spin = 0, 0 // sleep at once: yield the core
 				if p.lane != nil {
 					p.lane.In.Yield = laneYield
+				}
+				if m.board != nil {
+					m.board.Yield = laneYield
 				}
 			}
 			m.readers.Add(2)
@@ -323,6 +342,9 @@ func (m *Mesh) abandon() {
 				_ = p.lane.Unmap()
 			}
 		}
+	}
+	if m.board != nil {
+		_ = m.board.Unmap()
 	}
 }
 
@@ -396,12 +418,14 @@ func (m *Mesh) Close() error {
 			p.lane.Close()
 		}
 	}
+	m.closeBoard()
 	m.laneHold.Lock()
 	for _, p := range m.peers {
 		if p != nil {
 			p.closeLane()
 		}
 	}
+	m.unmapBoard()
 	m.laneHold.Unlock()
 	return nil
 }

@@ -270,6 +270,9 @@ func (m *Mesh) watch(p *peer) {
 			if p.lane != nil {
 				p.lane.MarkDead()
 			}
+			if m.board != nil {
+				m.board.MarkDead(p.rank)
+			}
 			return
 		}
 	}
