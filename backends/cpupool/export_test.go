@@ -5,3 +5,6 @@ import "github.com/gocoll/gocoll/backend"
 // SetFlatLanes turns the flat lane allreduce (flatFor) on or off for b,
 // whatever the host's cores: the tests run both algorithms everywhere.
 func SetFlatLanes(b backend.Backend, on bool) { b.(*Backend).flat = on }
+
+// HasBoard reports whether b's flat lane allreduces post on a board.
+func HasBoard(b backend.Backend) bool { return b.(*Backend).mesh.Board() }

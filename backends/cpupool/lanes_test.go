@@ -125,12 +125,68 @@ func TestLaneMismatch(t *testing.T) {
 		{"dtype", []tensor.DType{tensor.Float32, tensor.Int32}, []int{8, 8}},
 		{"size", []tensor.DType{tensor.Float32, tensor.Float32, tensor.Float32}, []int{8, 8, 9}},
 		{"lane vs ring", []tensor.DType{tensor.Float32, tensor.Float32}, []int{8, 1 << 18}},
+		// The flat exchange over the board (4 ranks): against itself, a
+		// rank whose size sends it over the lanes, and one whose size
+		// sends it over the rings.
+		{"board dtype", []tensor.DType{tensor.Float32, tensor.Float32, tensor.Int32, tensor.Float32}, []int{8, 8, 8, 8}},
+		{"board vs lanes", []tensor.DType{tensor.Float32, tensor.Float32, tensor.Float32, tensor.Float32}, []int{8, 8, 8, 512}},
+		{"lanes vs board", []tensor.DType{tensor.Float32, tensor.Float32, tensor.Float32, tensor.Float32}, []int{512, 8, 8, 8}},
+		{"board vs ring", []tensor.DType{tensor.Float32, tensor.Float32, tensor.Float32, tensor.Float32}, []int{8, 1 << 18, 8, 8}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bs := group(t, len(tc.elems), &cpupool.Options{Transport: "shm"})
+			if len(bs) == 4 {
+				for _, b := range bs {
+					cpupool.SetFlatLanes(b, true)
+				}
+				if !cpupool.HasBoard(bs[0]) {
+					t.Fatal("4 ranks on shared memory and no board")
+				}
+			}
 			refusedAllreduce(ctx, t, bs, func(r int) *tensor.Tensor { return tensor.New(tc.dts[r], tc.elems[r]) })
+			// Twice: the first op after a failure posts into a slot that
+			// a peer may still read (the board's wait), the second
+			// overwrites the other one.
+			checkUsable(ctx, t, bs, backend.Meta{Timeout: 15 * time.Second})
 			checkUsable(ctx, t, bs, backend.Meta{Timeout: 15 * time.Second})
 		})
+	}
+}
+
+// TestBoardPeerDeath: a rank of 4 that dies while its peers wait for its
+// board message is named by them (ErrRemote) within seconds.
+func TestBoardPeerDeath(t *testing.T) {
+	ctx := context.Background()
+	bs := group(t, 4, &cpupool.Options{Transport: "shm"})
+	for _, b := range bs {
+		cpupool.SetFlatLanes(b, true)
+	}
+	checkUsable(ctx, t, bs, backend.Meta{Timeout: 15 * time.Second})
+	ws := make([]backend.Work, 3)
+	for r := range 3 {
+		w, err := bs[r].Allreduce(ctx, backend.Meta{Timeout: time.Minute}, []*tensor.Tensor{tensor.New(tensor.Float32, 2)}, backend.AllreduceOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws[r] = w
+	}
+	errs := make(chan error, 3)
+	for _, w := range ws {
+		go func() { errs <- w.Wait(ctx) }()
+	}
+	time.Sleep(50 * time.Millisecond)
+	_ = bs[3].Abort(ctx, errors.New("simulated crash"))
+	for range 3 {
+		select {
+		case err := <-errs:
+			var oe *backend.OpError
+			if !errors.Is(err, backend.ErrRemote) || !errors.As(err, &oe) || len(oe.Ranks) == 0 {
+				t.Fatalf("want ErrRemote naming a rank, got %v", err)
+			}
+			t.Log(err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("hang after peer death")
+		}
 	}
 }
 
