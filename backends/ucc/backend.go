@@ -556,7 +556,7 @@ func (b *Backend) reapLocked() int {
 	n := 0
 	live := b.pending[:0]
 	for _, w := range b.pending {
-		if w.testLocked() {
+		if w.testLocked(false) {
 			n++
 			continue
 		}

@@ -7,6 +7,8 @@ package ucc
 import "C"
 
 import (
+	"unsafe"
+
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/reduceop"
 	"github.com/gocoll/gocoll/tensor"
@@ -90,13 +92,12 @@ func fpDesc(s fpSlot) (C.gu_desc, int, bool) {
 // collective is fpDesc's. b.mu is held.
 func (b *Backend) fpAheadOK(w *work) bool {
 	g := b.fp
-	if !g.ahead || !g.lastOK || len(g.q) != 0 || g.size < 2 || !w.fpw.on || w.fpw.slot != g.last ||
+	if !g.ahead || !g.lastOK || !g.lastDescOK || len(g.q) != 0 || g.size < 2 || !w.fpw.on || w.fpw.slot != g.last ||
 		w.fpw.seq != g.pub || len(w.descs) != 1 || len(w.deps) != 0 {
 		return false
 	}
-	d, _, ok := fpDesc(w.fpw.slot)
-	o := w.descs[0]
-	return ok && o.coll_type == d.coll_type && o.op == d.op && o.dt == d.dt && o.flags == d.flags &&
+	d, o := &g.lastDesc, &w.descs[0] // fpDesc(g.last), which w's slot equals
+	return o.coll_type == d.coll_type && o.op == d.op && o.dt == d.dt && o.flags == d.flags &&
 		o.src_count == d.src_count && o.dst_count == d.dst_count && o.v_src == 0 && o.v_dst == 0 && o.as_size == 0
 }
 
@@ -109,21 +110,68 @@ func (b *Backend) fpAheadLocked(w *work) bool {
 	if !b.fpAheadOK(w) {
 		return false
 	}
-	s := w.fpw.slot
+	seq, s := w.fpw.seq, w.fpw.slot
 	s.ahead = true
-	if !g.board.post(w.fpw.seq, s) {
+	var pctx C.uintptr_t
+	if w.plan.inline() {
+		pctx = b.ctx
+	}
+	if sb, ok := g.board.(*shmBoard); ok && sb.r != nil {
+		return b.fpAheadShmLocked(w, sb, pctx)
+	}
+	if !g.board.post(seq, s) {
 		return false // no room: the held path publishes it later
 	}
 	g.pub++
 	g.nAhead++
 	w.fpw.held, w.fpw.ahead = false, true
 	g.ver = append(g.ver, w)
-	var pctx C.uintptr_t
-	if w.plan.inline() {
-		pctx = b.ctx
-	}
 	b.fpStartedLocked(w, C.gu_coll_start(b.team, &w.descs[0], 1, &w.reqs[0], &w.at, &w.post, pctx, &w.cerr))
 	b.fpVerifyLocked()
+	return true
+}
+
+// fpAheadShmLocked is fpAheadLocked on the shared-memory board: the
+// publication, the start and the look at the peers' slots in one C call
+// (gu_fp_ahead). When every peer's slot is in and equal, the check is done
+// there (when no earlier work posted ahead waits for its own, which goes
+// first); otherwise the work joins g.ver for fpVerifyLocked, as on the
+// other boards. Why: at 8 B the Go around the board (the slot's stores and
+// loads, judge) was ~8 % of a 2-rank op's samples, and the raw loop has
+// none of it. b.mu is held.
+func (b *Backend) fpAheadShmLocked(w *work, sb *shmBoard, pctx C.uintptr_t) bool {
+	g, seq := b.fp, w.fpw.seq
+	if !sb.hasRoom(seq) {
+		return false // no room: the held path publishes it later
+	}
+	g.pub++
+	g.nAhead++
+	w.fpw.held, w.fpw.ahead = false, true
+	var slots *C.uintptr_t
+	var nslots C.int
+	if len(g.ver) == 0 {
+		g.watch(sb, seq)
+		slots, nslots = &g.slots[0], C.int(len(g.slots))
+	}
+	w1, w2 := w.fpw.slot.words()
+	// The verdict lives in the gate: a local whose address goes to C
+	// escapes, an allocation per op.
+	st := C.gu_fp_ahead(b.team, &w.descs[0], &w.reqs[0], &w.at, &w.post, pctx, &w.cerr,
+		C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slot(g.rank, seq)))), C.uint64_t(seq+1), C.uint64_t(w1), C.uint64_t(w2),
+		slots, nslots, &g.verdict)
+	verdict := g.verdict
+	b.fpStartedLocked(w, st)
+	if verdict == 1 {
+		// Every peer's op is this one: what fpVerifyLocked does on agreement.
+		g.chk = seq + 1
+		g.board.checked(g.chk)
+		w.fpw.ahead = false
+		return true
+	}
+	g.ver = append(g.ver, w)
+	if verdict == 2 || nslots == 0 {
+		b.fpVerifyLocked() // the words differ (judge names them), or earlier works go first
+	}
 	return true
 }
 
@@ -217,6 +265,9 @@ func (b *Backend) fpAheadDoneLocked(seq uint64, mine fpSlot) {
 		}
 	}
 	s.ahead = false
+	if !g.lastOK || s != g.last {
+		g.lastDesc, _, g.lastDescOK = fpDesc(s)
+	}
 	g.last, g.lastOK = s, true
 }
 

@@ -110,12 +110,21 @@ func (s *shmBoard) learnPids() {
 }
 
 func (s *shmBoard) post(seq uint64, v fpSlot) bool {
+	if !s.hasRoom(seq) {
+		return false
+	}
+	s.r.put(s.rank, seq, v)
+	return true
+}
+
+// hasRoom reports whether this rank may write its slot of seq (post's
+// test, for gu_fp_ahead, which writes the slot in C).
+func (s *shmBoard) hasRoom(seq uint64) bool {
 	if seq >= s.free {
 		if s.free = s.r.room(s.rank); seq >= s.free {
 			return false
 		}
 	}
-	s.r.put(s.rank, seq, v)
 	return true
 }
 

@@ -229,7 +229,7 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 		// Nothing posted, or all of it done inline: complete now (after,
 		// the unpin, a UCC failure's error), without the pending list;
 		// the record goes back to the pool.
-		w.testLocked()
+		w.testLocked(true)
 		if perr != nil {
 			return nil, perr
 		}

@@ -333,6 +333,40 @@ int gu_fp_drive(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *a
 	return gu_drive(ctx, reqs, n, err, stop, NULL, left, left, yield, NULL, 0, 0);
 }
 
+// gu_fp_ahead starts an op posted ahead of its check (fpahead.go) in one
+// crossing, with the board work around it that Go did in two more
+// (fpRings.put, then fpVerifyLocked's look at the peers' slots): it
+// publishes this rank's slot (mine: the address of its number word on the
+// shared-memory board; the words w1 with GU_FP_AHEAD set and w2 first,
+// then the number tag with a release store, as fpRings.put orders them),
+// starts the op (gu_coll_start, progressing it once inline when ctx is
+// nonzero), and then reads the nslots peer slots, as gu_fp_drive does:
+// *verdict is 1 when every one holds tag and words equal to this rank's
+// (the check is done: the ops agree), 2 when every one holds tag and some
+// differ (Go's judge has the words for the error), 0 when some peer's is
+// not in yet (Go checks later) or nslots is 0. It returns gu_coll_start's
+// result. Reading the peers' slots after the start rather than before
+// gives them the start's time to arrive.
+int gu_fp_ahead(uintptr_t team, const gu_desc *d, uintptr_t *reqs, int *at, int *posting, uintptr_t ctx, int *err, uintptr_t mine,
+                uint64_t tag, uint64_t w1, uint64_t w2, const uintptr_t *slots, int nslots, int *verdict) {
+	uint64_t *m = (uint64_t *)mine;
+	__atomic_store_n(&m[1], w1 | (uint64_t)GU_FP_AHEAD, __ATOMIC_RELAXED);
+	__atomic_store_n(&m[2], w2, __ATOMIC_RELAXED);
+	__atomic_store_n(&m[0], tag, __ATOMIC_RELEASE);
+	int st = gu_coll_start(team, d, 1, reqs, at, posting, ctx, err);
+	*verdict = 0;
+	if (nslots == 0) return st;
+	int differ = 0;
+	for (int i = 0; i < nslots; i++) {
+		const uint64_t *s = (const uint64_t *)slots[i];
+		if (__atomic_load_n(&s[0], __ATOMIC_ACQUIRE) != tag) return st;
+		if ((__atomic_load_n(&s[1], __ATOMIC_RELAXED) & ~(uint64_t)GU_FP_AHEAD) != w1 || __atomic_load_n(&s[2], __ATOMIC_RELAXED) != w2)
+			differ = 1;
+	}
+	*verdict = differ ? 2 : 1;
+	return st;
+}
+
 // gu_yield gives the core away (Options.Yield) where Go spins without
 // gu_drive: a driver whose op waits for its peers' fingerprints.
 void gu_yield(void) { sched_yield(); }

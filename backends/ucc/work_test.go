@@ -116,7 +116,7 @@ func TestRecycledRecords(t *testing.T) {
 			hf.enq = b.now()
 			b.mu.Lock()
 			w.fail(failed)
-			if !w.testLocked() {
+			if !w.testLocked(false) {
 				b.mu.Unlock()
 				t.Fatal("a failed op with nothing in UCC did not leave")
 			}
