@@ -255,7 +255,7 @@ func (pg *ProcessGroup) post(ctx context.Context, c *opCall, in, out *targ, w ba
 		m.Op(c.meta.Op, c.dt, c.issued, w, err)
 	}
 	if g := pg.frg; g != nil {
-		pg.recorder.add(g, c, in, out, pg.rank, w, err)
+		pg.recorder.add(g, c, in, out, w, err)
 	}
 	if c.hooks != nil {
 		pg.postHooks(ctx, c, in, out, w, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"strconv"
 	"sync"
@@ -14,7 +13,6 @@ import (
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/frtrace"
 	"github.com/gocoll/gocoll/internal/watch"
-	"github.com/gocoll/gocoll/tensor"
 )
 
 // Defaults of the flight recorder, PyTorch's.
@@ -86,175 +84,11 @@ type FlightRecorder struct {
 	done sync.WaitGroup
 }
 
-// frEntry is one op in the ring, in the compact form the issue path
-// writes: the dump's frtrace.Entry is built from it at a snapshot, so that
-// recording an op copies a few words rather than the whole entry, builds
-// no string and reads no wall clock. What most ops do not have (an error,
-// shapes of several tensors) is in the slot's side record, so that an
-// op's record writes 168 bytes (it was 360: six cache lines of a 720 KB
-// ring, each a miss on the issuing goroutine; the recorder was 0.1-0.2 us
-// of a GPU op's ~1.2 us in `conftest bench hostcost`, issue 16).
-type frEntry struct {
-	id   uint64       // RecordID and OpID
-	g    *frGroup     // the op's group
-	work backend.Work // nil once retired
-	// ho is work as a hostOutcome, when it is one (nil once retired):
-	// asked once, at add, so that retireDone asserts nothing.
-	ho hostOutcome
-	// CollectiveSeqID (0 for p2p ops) and P2PSeqID
-	seq, p2p uint64
-	// created is when the dispatcher numbered the op, on the backend.Mono
-	// clock; started and completed are when refresh noticed, likewise
-	// (0: not yet). FlightRecorder.wallNs makes them Unix times.
-	created, started, completed time.Duration
-	timeout                     time.Duration
-	durMs                       float64
-	// What the profiling name is made of (opName).
-	backend                          string
-	rank, peer                       int32
-	op                               backend.Op
-	state                            frState
-	isP2P, retired, captured, hasDur bool
-	hasErr                           bool     // side.err is the op's error
-	in, out                          frShapes // the shapes and dtypes of the op's tensors
-	side                             *frSide  // kept from op to op; nil until a slot first needs it
-}
-
-// frSide is the part of a slot that most ops leave alone: the error, and
-// the shapes and dtypes of ops whose sides are not a lone tensor of up
-// to frInlineDims dimensions, in slices the slot keeps from op to op (a
-// full ring records without allocating).
-type frSide struct {
-	err                 string
-	inSizes, outSizes   [][]int
-	inDtypes, outDtypes []tensor.DType
-}
-
-// frShapes are the shapes and dtypes of one side of an op: a lone tensor
-// of up to frInlineDims dimensions (most ops') inline, else n is -1 and
-// the slot's side holds them.
-type frShapes struct {
-	n     int8 // tensors: 0, 1 (below) or -1 (the side's)
-	ndim  uint8
-	dtype tensor.DType
-	dims  [frInlineDims]int32
-}
-
-const frInlineDims = 4
-
-// name is the entry's profiling name's parts.
-func (fe *frEntry) name() opName {
-	return opName{op: fe.op, backend: fe.backend, rank: int(fe.rank), peer: int(fe.peer)}
-}
-
-// sideOf returns fe's side record, made on first use.
-func (fe *frEntry) sideOf() *frSide {
-	if fe.side == nil {
-		fe.side = &frSide{}
-	}
-	return fe.side
-}
-
-// fill notes a's tensors in f (fe.in or fe.out), and in f2 too when it
-// is not nil (an in-place op's other side), or in the side's sizes and
-// dtypes when they are not a lone tensor that fits inline.
-func (fe *frEntry) fill(f, f2 *frShapes, a *targ) {
-	if a == nil || a.shape == 0 {
-		f.n = 0
-		if f2 != nil {
-			f2.n = 0
-		}
-		return
-	}
-	var t *tensor.Tensor
-	switch {
-	case a.shape == 'o':
-		t = a.one
-	case a.shape == 'l' && len(a.list) == 1:
-		t = a.list[0]
-	}
-	if t != nil && t.Dim() <= frInlineDims {
-		var buf [frInlineDims]int
-		sh := t.AppendShape(buf[:0])
-		fits := true
-		for i, d := range sh {
-			if d > math.MaxInt32 {
-				fits = false
-				break
-			}
-			f.dims[i] = int32(d)
-			if f2 != nil {
-				f2.dims[i] = int32(d)
-			}
-		}
-		if fits {
-			dt := t.DType()
-			f.n, f.ndim, f.dtype = 1, uint8(len(sh)), dt
-			if f2 != nil {
-				f2.n, f2.ndim, f2.dtype = 1, uint8(len(sh)), dt
-			}
-			return
-		}
-	}
-	sd := fe.sideOf()
-	if f == &fe.in || f2 == &fe.in {
-		fe.in.n = -1
-		sd.inSizes, sd.inDtypes = fillSizes(sd.inSizes, sd.inDtypes, a)
-	}
-	if f == &fe.out || f2 == &fe.out {
-		fe.out.n = -1
-		sd.outSizes, sd.outDtypes = fillSizes(sd.outSizes, sd.outDtypes, a)
-	}
-}
-
-// dump returns the shapes and dtypes as the dump writes them, in slices
-// of their own; sizes and dtypes are the side's, for n -1.
-func (f *frShapes) dump(sizes [][]int, dtypes []tensor.DType) ([][]int, []string) {
-	dtype := func(d tensor.DType) string {
-		if d == noDType {
-			return ""
-		}
-		return d.String()
-	}
-	switch f.n {
-	case 0:
-		return [][]int{}, []string{}
-	case 1:
-		dims := make([]int, f.ndim)
-		for i := range dims {
-			dims[i] = int(f.dims[i])
-		}
-		return [][]int{dims}, []string{dtype(f.dtype)}
-	}
-	out, outTypes := make([][]int, len(sizes)), make([]string, len(dtypes))
-	for i, s := range sizes {
-		out[i] = append([]int{}, s...)
-	}
-	for i, d := range dtypes {
-		outTypes[i] = dtype(d)
-	}
-	return out, outTypes
-}
-
-// frState is an entry's state: frtrace.StateScheduled and the others.
-type frState uint8
-
-const (
-	frScheduled frState = iota
-	frStarted
-	frCompleted
-)
-
-var frStateNames = [...]string{frScheduled: frtrace.StateScheduled, frStarted: frtrace.StateStarted, frCompleted: frtrace.StateCompleted}
-
-// noDType stands for a nil tensor in an entry's dtypes; the dump writes
-// "" for it, as before.
-const noDType = tensor.DType(255)
-
 // frGroup is what the recorder knows of one group: looked up once, at
 // attach, so that recording an op needs no map lookup.
 type frGroup struct {
 	name, desc string
+	rank       int               // this process's rank in the group, for the profiling names
 	status     *frtrace.PGStatus // guarded by fr.mu
 }
 
@@ -331,49 +165,59 @@ func (fr *FlightRecorder) attach(pg *ProcessGroup) {
 	fr.groups[pg.name] = frtrace.PGConfig{Name: pg.name, Desc: pg.desc, Ranks: pg.Ranks()}
 	fr.status[pg.name] = st
 	fr.mu.Unlock()
-	pg.frg = &frGroup{name: pg.name, desc: pg.desc, status: st}
+	pg.frg = &frGroup{name: pg.name, desc: pg.desc, rank: pg.rank, status: st}
 }
 
 // record adds the op info describes, as a post hook would see it: the
 // tests' way in (the dispatcher calls add).
 func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Work, err error) {
 	fr.mu.Lock()
-	g := &frGroup{name: info.Group, desc: info.GroupDesc, status: fr.status[info.Group]}
+	g := &frGroup{name: info.Group, desc: info.GroupDesc, rank: info.Rank, status: fr.status[info.Group]}
 	fr.mu.Unlock()
 	in, out := list("inputs", info.Inputs), list("outputs", info.Outputs)
 	c := opCall{meta: backend.Meta{Op: info.Op, Seq: info.Seq, Timeout: info.Timeout, Issued: backend.MonoOf(info.Issued)},
 		bname: info.Backend, p2pSeq: info.P2PSeq, peer: info.Peer}
-	fr.add(g, &c, &in, &out, info.Rank, w, err)
+	fr.add(g, &c, &in, &out, w, err)
 }
 
 // add puts an op in the ring once the backend has accepted (or refused)
 // it. It runs on the issuing goroutine: one uncontended lock, no
 // allocation once the ring is full, no clock read (c.meta.Issued is the
-// dispatcher's).
-func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, rank int, w backend.Work, err error) {
-	isP2P := c.meta.Op.Kind() == backend.P2P
-	captured := false
+// dispatcher's), and few stores (frEntry says why).
+func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, w backend.Work, err error) {
+	op := c.meta.Op
+	var flags frMeta
+	isP2P := op.Kind() == backend.P2P
+	if isP2P {
+		flags = frP2P
+	}
 	// A host work (hostOutcome) runs on the host: it is never captured,
 	// so that most ops make one type assertion here.
 	ho, _ := w.(hostOutcome)
-	if ho == nil {
-		if cr, ok := w.(backend.CaptureReporter); ok && cr.Captured() {
-			// Captured into a CUDA graph: the op did not run and runs at
-			// each replay, so there is nothing to poll (its events may not
-			// even be queried). The entry stays scheduled, retired, marked
-			// captured.
-			captured, w = true, nil
-		}
+	if ho != nil {
+		w = nil // held as ho
+	} else if cr, ok := w.(backend.CaptureReporter); ok && cr.Captured() {
+		// Captured into a CUDA graph: the op did not run and runs at
+		// each replay, so there is nothing to poll (its events may not
+		// even be queried). The entry stays scheduled, retired, marked
+		// captured.
+		flags |= frCaptured | frRetired
+		w = nil
 	}
 	var es string
 	if err != nil {
 		es = err.Error()
+		flags |= frHasErr
+	}
+	var seq uint64
+	if !isP2P {
+		seq = c.meta.Seq
 	}
 	fr.mu.Lock()
 	id := fr.nextID
 	fr.nextID++
 	if g.status != nil && !isP2P {
-		g.status.LastEnqueued = int64(c.meta.Seq)
+		g.status.LastEnqueued = int64(seq)
 	}
 	var slot *frEntry
 	if len(fr.ring) < cap(fr.ring) {
@@ -381,36 +225,31 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, rank int, w 
 		slot = &fr.ring[len(fr.ring)-1]
 	} else {
 		slot = &fr.ring[fr.head]
-		if slot.work != nil {
+		if slot.work != nil || slot.ho != nil { // overwritten while pending
+			slot.work, slot.ho = nil, nil
 			fr.pending--
 		}
 	}
 	if fr.head++; fr.head == cap(fr.ring) {
 		fr.head = 0
 	}
-	slot.id, slot.g, slot.p2p = id, g, c.p2pSeq
-	slot.seq = 0
-	if !isP2P {
-		slot.seq = c.meta.Seq
-	}
-	slot.created, slot.started, slot.completed, slot.timeout = c.meta.Issued, 0, 0, c.meta.Timeout
-	slot.backend, slot.rank, slot.peer, slot.op = c.bname, int32(rank), int32(c.peer), c.meta.Op
-	slot.state, slot.isP2P, slot.retired, slot.captured = frScheduled, isP2P, captured, captured
-	slot.hasDur, slot.durMs, slot.hasErr = false, 0, err != nil
+	slot.id, slot.g, slot.seq, slot.p2p = id, g, seq, c.p2pSeq
+	slot.created, slot.timeout, slot.backend = c.meta.Issued, c.meta.Timeout, c.bname
+	slot.m = newFrMeta(c.peer, op, flags)
 	if err != nil {
 		slot.sideOf().err = es
 	}
-	// An in-place op (most) has the same view on both sides: one pass
-	// fills both (copying the in side's freshly written bytes whole
-	// would stall on the narrow stores that wrote them).
+	slot.fill(&slot.in, in, false)
 	if in == out && in != nil {
-		slot.fill(&slot.in, &slot.out, in)
+		slot.out.hdr = frSameAsIn // an in-place op (most): one side's record
 	} else {
-		slot.fill(&slot.in, nil, in)
-		slot.fill(&slot.out, nil, out)
+		slot.fill(&slot.out, out, true)
 	}
-	slot.work, slot.ho = w, ho
-	if w != nil {
+	if ho != nil {
+		slot.ho = ho
+		fr.pending++
+	} else if w != nil {
+		slot.work = w
 		fr.pending++
 	}
 	failed := fr.retireDone()
@@ -457,17 +296,12 @@ func (fr *FlightRecorder) retireDone() error {
 		if at == 0 {
 			break // not yet: the next op looks again
 		}
-		if fe.state == frScheduled { // a completed host work has started
-			fe.state, fe.started = frStarted, at
-			if st := fe.g.status; st != nil && !fe.isP2P && int64(fe.seq) > st.LastStarted {
-				st.LastStarted = int64(fe.seq)
-			}
+		m := fe.m
+		if m.state() == frScheduled { // a completed host work has started
+			m = fr.start(fe, m, at)
 		}
-		var durErr error
-		if !timed {
-			durErr = backend.ErrNoTiming
-		}
-		if err := fr.complete(fe, at, dur, durErr, err); err != nil && first == nil {
+		fe.ho = nil
+		if err := fr.complete(fe, m, at, dur, timed, err); err != nil && first == nil {
 			first = err
 		}
 		fr.advanceScan()
@@ -483,83 +317,36 @@ func (fr *FlightRecorder) advanceScan() {
 	}
 }
 
-// complete marks fe completed at now (backend.Mono), with the work's
-// duration and error, and drops its work. fr.mu is held.
-func (fr *FlightRecorder) complete(fe *frEntry, now, dur time.Duration, durErr, err error) error {
-	fe.state, fe.completed, fe.retired = frCompleted, now, true
-	if fe.started == 0 {
+// start notes that fe (meta m, scheduled) started at now, and returns m
+// in the started state; the caller writes it. fr.mu is held.
+func (fr *FlightRecorder) start(fe *frEntry, m frMeta, now time.Duration) frMeta {
+	fe.started = now
+	if st := fe.g.status; st != nil && !m.has(frP2P) && int64(fe.seq) > st.LastStarted {
+		st.LastStarted = int64(fe.seq)
+	}
+	return m.withState(frStarted)
+}
+
+// complete marks fe (meta m) completed at now, with the work's duration
+// (when timed) and error; the caller has dropped its work. fr.mu is held.
+func (fr *FlightRecorder) complete(fe *frEntry, m frMeta, now, dur time.Duration, timed bool, err error) error {
+	if m.state() == frScheduled {
 		fe.started = now
 	}
-	if durErr == nil {
-		fe.hasDur, fe.durMs = true, float64(dur)/float64(time.Millisecond)
+	fe.completed = now
+	m = m.withState(frCompleted) | frRetired
+	if timed {
+		fe.dur, m = dur, m|frHasDur
 	}
 	if err != nil {
-		fe.sideOf().err, fe.hasErr = err.Error(), true
+		fe.sideOf().err, m = err.Error(), m|frHasErr
 	}
-	if st := fe.g.status; st != nil && !fe.isP2P && int64(fe.seq) > st.LastCompleted {
+	fe.m = m
+	if st := fe.g.status; st != nil && !m.has(frP2P) && int64(fe.seq) > st.LastCompleted {
 		st.LastCompleted = int64(fe.seq)
 	}
-	fe.work, fe.ho = nil, nil
 	fr.pending--
 	return err
-}
-
-// fillSizes writes the shapes and dtypes of a's tensors into dst and dts,
-// reusing their storage, inner slices included.
-func fillSizes(dst [][]int, dts []tensor.DType, a *targ) ([][]int, []tensor.DType) {
-	dst, dts = dst[:0], dts[:0]
-	add := func(t *tensor.Tensor) {
-		var s []int
-		if len(dst) < cap(dst) {
-			s = dst[:len(dst)+1][len(dst)][:0]
-		}
-		if t != nil {
-			s = t.AppendShape(s)
-			dts = append(dts, t.DType())
-		} else {
-			dts = append(dts, noDType)
-		}
-		dst = append(dst, s)
-	}
-	switch a.shape {
-	case 'o':
-		add(a.one)
-	case 'l':
-		for _, t := range a.list {
-			add(t)
-		}
-	case 'L':
-		for _, l := range a.lists {
-			for _, t := range l {
-				add(t)
-			}
-		}
-	}
-	return dst, dts
-}
-
-// entry builds the dump's form of fe, with slices of its own (the ring
-// reuses its slices for later entries).
-func (fr *FlightRecorder) entry(fe *frEntry) frtrace.Entry {
-	e := frtrace.Entry{RecordID: fe.id, OpID: fe.id, PGID: fe.g.name, ProcessGroup: [2]string{fe.g.name, fe.g.desc},
-		CollectiveSeqID: fe.seq, P2PSeqID: fe.p2p, ProfilingName: fe.name().String(), TimeCreatedNs: fr.wallNs(fe.created),
-		State: frStateNames[fe.state], TimeStartedNs: fr.wallNs(fe.started), TimeCompletedNs: fr.wallNs(fe.completed),
-		Retired: fe.retired, TimeoutMs: fe.timeout.Milliseconds(), IsP2P: fe.isP2P, ThreadName: "dispatcher",
-		Captured: fe.captured}
-	var sd frSide
-	if fe.side != nil {
-		sd = *fe.side
-	}
-	if fe.hasErr {
-		e.Error = sd.err
-	}
-	e.InputSizes, e.InputDtypes = fe.in.dump(sd.inSizes, sd.inDtypes)
-	e.OutputSizes, e.OutputDtypes = fe.out.dump(sd.outSizes, sd.outDtypes)
-	if fe.hasDur {
-		ms := fe.durMs
-		e.DurationMs = &ms
-	}
-	return e
 }
 
 // refresh retires completed works and notes started ones. It returns the
@@ -574,8 +361,12 @@ func (fr *FlightRecorder) refresh() error {
 	polls := fr.polls[:0]
 	for i := range fr.ring {
 		fe := &fr.ring[i]
-		if fe.work != nil {
-			polls = append(polls, frPoll{slot: i, id: fe.id, work: fe.work, sched: fe.state == frScheduled})
+		w := fe.work
+		if fe.ho != nil {
+			w, _ = fe.ho.(backend.Work) // it came from one
+		}
+		if w != nil {
+			polls = append(polls, frPoll{slot: i, id: fe.id, work: w, sched: fe.m.state() == frScheduled})
 		}
 	}
 	fr.mu.Unlock()
@@ -597,19 +388,19 @@ func (fr *FlightRecorder) refresh() error {
 	for k := range polls {
 		p := &polls[k]
 		fe := &fr.ring[p.slot]
-		if fe.work != p.work || fe.id != p.id {
-			continue // overwritten by a newer op meanwhile
+		if fe.id != p.id || (fe.work == nil && fe.ho == nil) {
+			continue // retired or overwritten by a newer op meanwhile
 		}
-		if p.started && fe.state == frScheduled {
-			fe.state, fe.started = frStarted, now
-			if st := fe.g.status; st != nil && !fe.isP2P && int64(fe.seq) > st.LastStarted {
-				st.LastStarted = int64(fe.seq)
-			}
+		m := fe.m
+		if p.started && m.state() == frScheduled {
+			m = fr.start(fe, m, now)
+			fe.m = m
 		}
 		if !p.completed {
 			continue
 		}
-		if err := fr.complete(fe, now, p.dur, p.durErr, p.err); err != nil && firstErr == nil {
+		fe.work, fe.ho = nil, nil
+		if err := fr.complete(fe, m, now, p.dur, p.durErr == nil, p.err); err != nil && firstErr == nil {
 			firstErr = err
 		}
 	}
