@@ -134,6 +134,7 @@ type Backend struct {
 	cfg  backend.Config
 	opts Options
 	args backend.HostChecker[reduction] // the ops' common argument checks
+	reds wholeReds                      // allreduceOne's reductions (ops.go)
 	oob  *oob
 	oobH cgo.Handle
 
@@ -202,7 +203,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("%w: ucc: the group has no store to wire UCC up over", backend.ErrInvalidArgument)
 	}
-	b := &Backend{cfg: cfg, opts: opts, args: hostChecker(cfg.Rank), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	b := &Backend{cfg: cfg, opts: opts, args: hostChecker(cfg.Rank), reds: newWholeReds(), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		wd: watch.NewWatchdog[*work](watch.Config{Policy: watch.NoHandling, Rank: cfg.Rank, Dump: cfg.DumpAll != nil})}
 	if yields(opts.Yield, cfg.WorldSize, runtime.NumCPU(), knob.OS) {
 		b.yield = 1

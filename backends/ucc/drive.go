@@ -117,8 +117,14 @@ func (b *Backend) drive(ctx context.Context, h *handle) (start time.Time) {
 					// With an op held for its peers' fingerprints behind
 					// it, the loop also watches for them (fpWatchLocked).
 					slots, nslots, tag := b.fpWatchLocked()
+					// And the peers' slots of the next op posted ahead of its
+					// check, which C looks at while it spins (fpVerifyWatchLocked).
+					v, nv := b.fpVerifyWatchLocked()
 					w.live = int(C.gu_drive(b.ctx, &w.reqs[0], C.int(len(w.reqs)), &w.cerr, stop, drivers, C.int64_t(spin), C.int64_t(driveSpin),
-						b.yield, slots, nslots, tag))
+						b.yield, slots, nslots, tag, v.slots, nv, v.tag, v.w1, v.w2, v.verdict))
+					if nv > 0 {
+						b.fpVerifiedLocked()
+					}
 					w.noteErr()
 					if w.live > 0 {
 						spin = driveSlice // it outlived a slice: a large op

@@ -27,5 +27,5 @@ func (b *Backend) driveStuck(spin time.Duration) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return int(C.gu_drive(b.ctx, &req[0], 1, &cerr, (*C.int32_t)(unsafe.Pointer(&b.posting)), (*C.int32_t)(unsafe.Pointer(&b.driving)),
-		C.int64_t(spin), C.int64_t(driveSpin), 0, nil, 0, 0))
+		C.int64_t(spin), C.int64_t(driveSpin), 0, nil, 0, 0, nil, 0, 0, 0, 0, nil))
 }

@@ -78,9 +78,10 @@ type fpGate struct {
 	// outgrown holds scratch that a larger stand-in replaced: an earlier
 	// stand-in may still be in UCC over it, so it is freed only at Close.
 	outgrown []unsafe.Pointer
-	verdict  C.int  // gu_fp_ahead's verdict (fpAheadShmLocked)
-	nAhead   uint64 // works posted ahead (for the tests)
-	nStandIn uint64 // stand-ins posted
+	verdict  C.int         // gu_fp_ahead's and gu_drive's verdict (fpAheadShmLocked, fpVerifyWatchLocked)
+	vslots   []C.uintptr_t // gu_drive's peer slots of g.ver[0] (fpVerifyWatchLocked)
+	nAhead   uint64        // works posted ahead (for the tests)
+	nStandIn uint64        // stand-ins posted
 }
 
 // fpWork is a work's part in the check.

@@ -94,3 +94,58 @@ func (b *Backend) fpDriveLocked(w *work, stop *C.int32_t) bool {
 	b.fpStartedLocked(w, st)
 	return true
 }
+
+// fpVerifyArgs are gu_drive's arguments for the look at the peers' slots
+// of the next op posted ahead of its check (g.ver[0]).
+type fpVerifyArgs struct {
+	slots       *C.uintptr_t
+	tag, w1, w2 C.uint64_t
+	verdict     *C.int
+}
+
+// fpVerifyWatchLocked returns gu_drive's arguments for g.ver[0] on the
+// shared-memory board, with nv the number of peer slots (0: nothing to
+// look at: no op posted ahead waits for its check, or another board).
+// The verdict starts at 0 (not yet). b.mu is held.
+func (b *Backend) fpVerifyWatchLocked() (v fpVerifyArgs, nv C.int) {
+	g := b.fp
+	if g == nil || len(g.ver) == 0 {
+		return v, 0
+	}
+	sb, ok := g.board.(*shmBoard)
+	if !ok || sb.r == nil {
+		return v, 0
+	}
+	w := g.ver[0]
+	if cap(g.vslots) < g.size-1 {
+		g.vslots = make([]C.uintptr_t, 0, g.size-1)
+	}
+	g.vslots = g.vslots[:0]
+	for p := range g.size {
+		if p != g.rank {
+			g.vslots = append(g.vslots, C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slotWord(p, w.fpw.seq, 0)))))
+		}
+	}
+	w1, w2 := w.fpw.slot.words()
+	g.verdict = 0
+	return fpVerifyArgs{slots: &g.vslots[0], tag: C.uint64_t(w.fpw.seq + 1), w1: C.uint64_t(w1), w2: C.uint64_t(w2), verdict: &g.verdict},
+		C.int(len(g.vslots))
+}
+
+// fpVerifiedLocked takes in gu_drive's verdict on g.ver[0]: on agreement
+// (every peer's words equal this rank's) the op's check is done, as
+// fpVerifyLocked does it; a difference, or a slot not yet in, is left to
+// fpVerifyLocked, whose judge has the words for the error. b.mu is held.
+func (b *Backend) fpVerifiedLocked() {
+	g := b.fp
+	if g.verdict != 1 || len(g.ver) == 0 {
+		return
+	}
+	w := g.ver[0]
+	g.chk = w.fpw.seq + 1
+	g.board.checked(g.chk)
+	w.fpw.ahead = false
+	m := copy(g.ver, g.ver[1:])
+	g.ver[m] = nil
+	g.ver = g.ver[:m]
+}

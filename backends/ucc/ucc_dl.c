@@ -253,12 +253,34 @@ static int64_t gu_now_ns(void) {
 // also returns once each of the nslots fingerprint board slots (see
 // gu_fp_drive) holds tag: the peers' fingerprints of the op held behind
 // this one are all in, and Go starts it now rather than after spin_ns.
+//
+// With nvslots > 0 it also checks, while it spins, the op posted ahead of
+// its check that is next to be checked (fpahead.go): vslots are its
+// peers' slots, vtag its number + 1 and (vw1, vw2) this rank's words; once
+// every peer's slot holds vtag, *verdict is set as gu_fp_ahead sets it (1:
+// all equal, 2: some differ; it stays 0 while one is missing). Why: the
+// first rank of a pair to post an 8 B op waits here for its peer's data,
+// and its peer published the slot before posting, so the look costs that
+// wait's time, not the time after the op completes, when Go's judge did it.
+static void gu_verify(const uintptr_t *vslots, int nvslots, uint64_t vtag, uint64_t vw1, uint64_t vw2, int *verdict) {
+	int differ = 0;
+	for (int i = 0; i < nvslots; i++) {
+		const uint64_t *s = (const uint64_t *)vslots[i];
+		if (__atomic_load_n(&s[0], __ATOMIC_ACQUIRE) != vtag) return;
+		if ((__atomic_load_n(&s[1], __ATOMIC_RELAXED) & ~(uint64_t)GU_FP_AHEAD) != vw1 || __atomic_load_n(&s[2], __ATOMIC_RELAXED) != vw2)
+			differ = 1;
+	}
+	*verdict = differ ? 2 : 1;
+}
+
 int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, const int32_t *drivers, int64_t spin_ns,
-             int64_t short_ns, int yield, const uintptr_t *slots, int nslots, uint64_t tag) {
+             int64_t short_ns, int yield, const uintptr_t *slots, int nslots, uint64_t tag, const uintptr_t *vslots, int nvslots,
+             uint64_t vtag, uint64_t vw1, uint64_t vw2, int *verdict) {
 	int64_t begin = 0, end = 0;
 	int seen = 0;
 	for (unsigned k = 1;; k++) {
 		int busy = gu_reap(reqs, n, err);
+		if (nvslots > 0 && *verdict == 0) gu_verify(vslots, nvslots, vtag, vw1, vw2, verdict);
 		if (busy == 0) return 0;
 		if (__atomic_load_n(stop, __ATOMIC_RELAXED) != 0) return busy;
 		if (nslots > 0) {
@@ -330,7 +352,7 @@ int gu_fp_drive(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *a
 		left = end - gu_now_ns();
 		if (left < 0) return st;
 	}
-	return gu_drive(ctx, reqs, n, err, stop, NULL, left, left, yield, NULL, 0, 0);
+	return gu_drive(ctx, reqs, n, err, stop, NULL, left, left, yield, NULL, 0, 0, NULL, 0, 0, 0, 0, NULL);
 }
 
 // gu_fp_ahead starts an op posted ahead of its check (fpahead.go) in one
@@ -355,15 +377,7 @@ int gu_fp_ahead(uintptr_t team, const gu_desc *d, uintptr_t *reqs, int *at, int 
 	__atomic_store_n(&m[0], tag, __ATOMIC_RELEASE);
 	int st = gu_coll_start(team, d, 1, reqs, at, posting, ctx, err);
 	*verdict = 0;
-	if (nslots == 0) return st;
-	int differ = 0;
-	for (int i = 0; i < nslots; i++) {
-		const uint64_t *s = (const uint64_t *)slots[i];
-		if (__atomic_load_n(&s[0], __ATOMIC_ACQUIRE) != tag) return st;
-		if ((__atomic_load_n(&s[1], __ATOMIC_RELAXED) & ~(uint64_t)GU_FP_AHEAD) != w1 || __atomic_load_n(&s[2], __ATOMIC_RELAXED) != w2)
-			differ = 1;
-	}
-	*verdict = differ ? 2 : 1;
+	if (nslots > 0) gu_verify(slots, nslots, tag, w1, w2, verdict);
 	return st;
 }
 

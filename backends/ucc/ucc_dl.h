@@ -161,7 +161,8 @@ int gu_coll_finalize(uintptr_t req);
 int gu_coll_start(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *at, int *posting, uintptr_t ctx, int *err);
 int gu_reap(uintptr_t *reqs, int n, int *err);
 int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *stop, const int32_t *drivers, int64_t spin_ns,
-             int64_t short_ns, int yield, const uintptr_t *slots, int nslots, uint64_t tag);
+             int64_t short_ns, int yield, const uintptr_t *slots, int nslots, uint64_t tag, const uintptr_t *vslots, int nvslots,
+             uint64_t vtag, uint64_t vw1, uint64_t vw2, int *verdict);
 // gu_fp_drive's outcomes before the start (it returns gu_coll_start's or
 // gu_drive's result once it started the op).
 enum { GU_FP_WAITING = 1, GU_FP_DIFFER = 2 };
