@@ -98,6 +98,10 @@ type opCall struct {
 	// meta.Issued when the metrics time the op (else 0).
 	dt     tensor.DeviceType
 	issued time.Duration
+	// quiet is set when no recorder, metrics or hooks look at the op:
+	// the generated method then returns the backend's Work itself,
+	// without post's call, unless the backend failed.
+	quiet bool
 	// Set only while hooked: the op's device and the hooks' issue time
 	// (OpInfo.Device and Issued; its monotonic reading is meta.Issued).
 	dev tensor.Device
@@ -228,6 +232,7 @@ func (pg *ProcessGroup) begin(ctx context.Context, call *opCall, op backend.Op, 
 	if timed {
 		call.issued = call.meta.Issued
 	}
+	call.quiet = hooks == nil && pg.frg == nil && pg.metrics == nil
 	return nil
 }
 

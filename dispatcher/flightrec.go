@@ -300,10 +300,23 @@ func (fr *FlightRecorder) retireDone() error {
 		if m.state() == frScheduled { // a completed host work has started
 			m = fr.start(fe, m, at)
 		}
-		fe.ho = nil
-		if err := fr.complete(fe, m, at, dur, timed, err); err != nil && first == nil {
-			first = err
+		// complete's work, inline: this runs for nearly every op.
+		fe.ho, fe.completed = nil, at
+		m = m.withState(frCompleted) | frRetired
+		if timed {
+			fe.dur, m = dur, m|frHasDur
 		}
+		if err != nil {
+			m = fe.failed(m, err)
+			if first == nil {
+				first = err
+			}
+		}
+		fe.m = m
+		if st := fe.g.status; st != nil && m&frP2P == 0 && int64(fe.seq) > st.LastCompleted {
+			st.LastCompleted = int64(fe.seq)
+		}
+		fr.pending--
 		fr.advanceScan()
 	}
 	return first
@@ -329,6 +342,7 @@ func (fr *FlightRecorder) start(fe *frEntry, m frMeta, now time.Duration) frMeta
 
 // complete marks fe (meta m) completed at now, with the work's duration
 // (when timed) and error; the caller has dropped its work. fr.mu is held.
+// (refresh's; retireDone does the same inline.)
 func (fr *FlightRecorder) complete(fe *frEntry, m frMeta, now, dur time.Duration, timed bool, err error) error {
 	if m.state() == frScheduled {
 		fe.started = now
@@ -339,7 +353,7 @@ func (fr *FlightRecorder) complete(fe *frEntry, m frMeta, now, dur time.Duration
 		fe.dur, m = dur, m|frHasDur
 	}
 	if err != nil {
-		fe.sideOf().err, m = err.Error(), m|frHasErr
+		m = fe.failed(m, err)
 	}
 	fe.m = m
 	if st := fe.g.status; st != nil && !m.has(frP2P) && int64(fe.seq) > st.LastCompleted {
@@ -347,6 +361,13 @@ func (fr *FlightRecorder) complete(fe *frEntry, m frMeta, now, dur time.Duration
 	}
 	fr.pending--
 	return err
+}
+
+// failed notes that fe's work failed with err, and returns its meta m
+// with the flag that says so.
+func (fe *frEntry) failed(m frMeta, err error) frMeta {
+	fe.sideOf().err = err.Error()
+	return m | frHasErr
 }
 
 // refresh retires completed works and notes started ones. It returns the

@@ -46,6 +46,9 @@ func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor,
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
 	w, err := call.backend.Broadcast(ctx, call.meta, tensors, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aTensors, &aTensors, w, err)
 }
 
@@ -86,6 +89,9 @@ func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor,
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
 	w, err := call.backend.Allreduce(ctx, call.meta, tensors, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aTensors, &aTensors, w, err)
 }
 
@@ -123,6 +129,9 @@ func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tenso
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
 	w, err := call.backend.AllreduceCoalesced(ctx, call.meta, tensors, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aTensors, &aTensors, w, err)
 }
 
@@ -165,6 +174,9 @@ func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, op
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
 	w, err := call.backend.Reduce(ctx, call.meta, tensors, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aTensors, &aTensors, w, err)
 }
 
@@ -197,6 +209,9 @@ func (pg *ProcessGroup) Allgather(ctx context.Context, outputs [][]*tensor.Tenso
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.Allgather(ctx, call.meta, outputs, inputs, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
@@ -227,6 +242,9 @@ func (pg *ProcessGroup) AllgatherIntoTensor(ctx context.Context, output *tensor.
 		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
 	w, err := call.backend.AllgatherIntoTensor(ctx, call.meta, output, input, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aInput, &aOutput, w, err)
 }
 
@@ -259,6 +277,9 @@ func (pg *ProcessGroup) AllgatherCoalesced(ctx context.Context, outputs [][]*ten
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.AllgatherCoalesced(ctx, call.meta, outputs, inputs, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
@@ -291,6 +312,9 @@ func (pg *ProcessGroup) AllgatherIntoTensorCoalesced(ctx context.Context, output
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.AllgatherIntoTensorCoalesced(ctx, call.meta, outputs, inputs, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
@@ -324,6 +348,9 @@ func (pg *ProcessGroup) ReduceScatter(ctx context.Context, outputs []*tensor.Ten
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.ReduceScatter(ctx, call.meta, outputs, inputs, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
@@ -355,6 +382,9 @@ func (pg *ProcessGroup) ReduceScatterTensor(ctx context.Context, output *tensor.
 		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
 	w, err := call.backend.ReduceScatterTensor(ctx, call.meta, output, input, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aInput, &aOutput, w, err)
 }
 
@@ -388,6 +418,9 @@ func (pg *ProcessGroup) ReduceScatterTensorCoalesced(ctx context.Context, output
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.ReduceScatterTensorCoalesced(ctx, call.meta, outputs, inputs, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
@@ -419,6 +452,9 @@ func (pg *ProcessGroup) Alltoall(ctx context.Context, outputs []*tensor.Tensor, 
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.Alltoall(ctx, call.meta, outputs, inputs, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
@@ -450,6 +486,9 @@ func (pg *ProcessGroup) AlltoallBase(ctx context.Context, output *tensor.Tensor,
 		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
 	w, err := call.backend.AlltoallBase(ctx, call.meta, output, input, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aInput, &aOutput, w, err)
 }
 
@@ -482,6 +521,9 @@ func (pg *ProcessGroup) Gather(ctx context.Context, outputs [][]*tensor.Tensor, 
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.Gather(ctx, call.meta, outputs, inputs, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
@@ -514,6 +556,9 @@ func (pg *ProcessGroup) Scatter(ctx context.Context, outputs []*tensor.Tensor, i
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.Scatter(ctx, call.meta, outputs, inputs, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aInputs, &aOutputs, w, err)
 }
 
@@ -547,6 +592,9 @@ func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst 
 		pg.pre(ctx, &call, &aTensors, nil)
 	}
 	w, err := call.backend.Send(ctx, call.meta, tensors, dst, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, &aTensors, nil, w, err)
 }
 
@@ -580,6 +628,9 @@ func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src 
 		pg.pre(ctx, &call, nil, &aTensors)
 	}
 	w, err := call.backend.Recv(ctx, call.meta, tensors, src, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, nil, &aTensors, w, err)
 }
 
@@ -611,6 +662,9 @@ func (pg *ProcessGroup) RecvAnysource(ctx context.Context, tensors []*tensor.Ten
 		pg.pre(ctx, &call, nil, &aTensors)
 	}
 	w, err := call.backend.RecvAnysource(ctx, call.meta, tensors, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, nil, &aTensors, w, err)
 }
 
@@ -633,6 +687,9 @@ func (pg *ProcessGroup) Barrier(ctx context.Context, opts backend.BarrierOptions
 		pg.pre(ctx, &call, nil, nil)
 	}
 	w, err := call.backend.Barrier(ctx, call.meta, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, nil, nil, w, err)
 }
 
@@ -655,5 +712,8 @@ func (pg *ProcessGroup) MonitoredBarrier(ctx context.Context, opts backend.Monit
 		pg.pre(ctx, &call, nil, nil)
 	}
 	w, err := call.backend.MonitoredBarrier(ctx, call.meta, opts)
+	if call.quiet && err == nil && w != nil {
+		return w, nil
+	}
 	return pg.post(ctx, &call, nil, nil, w, err)
 }

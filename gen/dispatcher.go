@@ -192,6 +192,9 @@ func genDispatcher(s *Spec) ([]byte, error) {
 		body = append(body,
 			If(Id("call").Dot("hooks").Op("!=").Nil()).Block(Id("pg").Dot("pre").Call(Id("ctx"), Op("&").Id("call"), in, out)),
 			List(Id("w"), Err()).Op(":=").Id("call").Dot("backend").Dot(op.GoName).Call(callArgs...),
+			// Nothing to tell (no recorder, metrics or hooks, and the
+			// backend took the op): post's call is skipped.
+			If(Id("call").Dot("quiet").Op("&&").Err().Op("==").Nil().Op("&&").Id("w").Op("!=").Nil()).Block(Return(Id("w"), Nil())),
 			Return(Id("pg").Dot("post").Call(Id("ctx"), Op("&").Id("call"), in, out, Id("w"), Err())),
 		)
 
