@@ -181,14 +181,11 @@ func (pg *ProcessGroup) begin(ctx context.Context, call *opCall, op backend.Op, 
 	if int(dev.Type) < len(pg.backends) {
 		s = &pg.backends[dev.Type]
 	}
-	if s == nil || s.name == "" || s.err != nil || s.b == nil {
+	if s == nil || s.serve == nil {
 		_, err := pg.Backend(dev.Type)
 		return &backend.OpError{Op: op.String(), Rank: pg.rank, Kind: backend.ErrUnavailable, Err: err}
 	}
-	call.backend, call.bname = s.b, s.bname
-	if s.ops != nil {
-		call.backend = s.ops // the debug check, when it is on
-	}
+	call.backend, call.bname = s.serve, s.bname // serve is behind the debug check, when it is on
 	if timeout == 0 {
 		timeout = pg.timeout
 	}

@@ -109,34 +109,39 @@ type Config struct {
 // are safe for concurrent use, but, as in every collective library, the
 // ranks must issue the same collectives in the same order.
 type ProcessGroup struct {
-	rank, size   int   // in this group; rank is -1 on a non-member
-	globalRank   int   // this process's rank in the default group
-	ranks        []int // global rank of each group rank
-	name, desc   string
-	store        store.Store // prefixed for this group
-	ownedStore   store.Store // the store InitFromEnv made; closed with the group
+	// What every op reads (or, for the counters, writes) comes first,
+	// in two cache lines: spread over the struct (cfg alone is hundreds
+	// of bytes) they were six, each a miss once a real backend's op has
+	// run through the caches between two ops.
+	rank, size   int         // in this group; rank is -1 on a non-member
+	closed       atomic.Bool // ops are refused
+	collSeq      atomic.Uint64
+	p2pSeq       atomic.Uint64
+	hooks        atomic.Pointer[[]Hooks]
 	timeout      time.Duration
-	cfg          Config
-	root         *ProcessGroup   // the default group; itself for the default group
-	recorder     *FlightRecorder // shared by every group of the process; nil when off
 	frg          *frGroup        // this group in the recorder; nil when off or not a member
-	pubMu        sync.Mutex      // guards published
-	published    progress        // last progress written to the store
-	groups       []*ProcessGroup // on the default group: every group this process is a member of
-	stopPub      chan struct{}   // on the default group: stops the progress publisher
-	monitor      *monitor        // on the default group: the heartbeat monitor; nil when off
-	metricsRoot  Metrics         // on the default group: the process's metrics; nil when off
+	recorder     *FlightRecorder // shared by every group of the process; nil when off
 	metrics      GroupMetrics    // this group's; nil when metrics are off
-	metricsOnce  sync.Once       // closes metricsRoot once
 	metricsEvery uint64          // the metrics time the ops whose seq is a multiple of it (a power of two)
+	backends     []slot          // indexed by tensor.DeviceType
 
-	backends    []slot // indexed by tensor.DeviceType
+	globalRank  int   // this process's rank in the default group
+	ranks       []int // global rank of each group rank
+	name, desc  string
+	store       store.Store // prefixed for this group
+	ownedStore  store.Store // the store InitFromEnv made; closed with the group
+	cfg         Config
+	root        *ProcessGroup   // the default group; itself for the default group
+	pubMu       sync.Mutex      // guards published
+	published   progress        // last progress written to the store
+	groups      []*ProcessGroup // on the default group: every group this process is a member of
+	stopPub     chan struct{}   // on the default group: stops the progress publisher
+	monitor     *monitor        // on the default group: the heartbeat monitor; nil when off
+	metricsRoot Metrics         // on the default group: the process's metrics; nil when off
+	metricsOnce sync.Once       // closes metricsRoot once
+
 	nextGroupID atomic.Uint64
-	collSeq     atomic.Uint64
-	p2pSeq      atomic.Uint64
-	hooks       atomic.Pointer[[]Hooks]
 	mu          sync.Mutex            // guards released and groups
-	closed      atomic.Bool           // ops are refused
 	released    bool                  // Close has released the backends
 	abortReason atomic.Pointer[error] // why Abort was called, kept for later ops
 	joinedEarly atomic.Pointer[[]int] // Init: the ranks not joined shortly before its deadline (lookBeforeDeadline)
@@ -144,15 +149,19 @@ type ProcessGroup struct {
 
 // slot holds the backend of one device type, or why it could not be made.
 type slot struct {
-	name string
-	b    backend.Backend
-	err  error
-	// ops, when not nil, is what the ops go to instead of b: b behind the
-	// fingerprint check (Config.Debug "detail").
-	ops backend.Backend
+	// serve is what the ops go to: ops when set, else b; nil when the
+	// slot cannot serve (no backend, or it failed). With bname it is all
+	// that an op reads of the slot, so the two come first, in one line.
+	serve backend.Backend
 	// bname is b's Name, asked once: the flight recorder labels every op
 	// with it.
 	bname string
+	name  string
+	b     backend.Backend
+	err   error
+	// ops, when not nil, is what the ops go to instead of b: b behind the
+	// fingerprint check (Config.Debug "detail").
+	ops backend.Backend
 }
 
 // Init creates the default process group: it checks the config, builds a
@@ -328,6 +337,12 @@ func (pg *ProcessGroup) build(ctx context.Context, parent *ProcessGroup) error {
 		}
 		if b != nil && pg.cfg.Debug == DebugDetail {
 			pg.backends[dt].ops = &checked{Backend: b, pg: pg}
+		}
+		if s := &pg.backends[dt]; s.name != "" && s.err == nil && s.b != nil {
+			s.serve = s.b
+			if s.ops != nil {
+				s.serve = s.ops
+			}
 		}
 	}
 	return nil
