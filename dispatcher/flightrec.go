@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"sync"
@@ -51,6 +52,18 @@ type FlightRecorderOptions struct {
 // recorder schema: on error or timeout, on demand, or when a peer asks.
 // `conftest fr analyze` reads the dumps of every rank.
 type FlightRecorder struct {
+	// What every op's record touches comes first, in one cache line
+	// (they were three): mu and what it guards on the issue path.
+	mu     sync.Mutex
+	ring   []frEntry
+	nextID uint64
+	scan   uint64 // the next entry retireDone looks at
+	// head and scanAt are nextID and scan modulo cap(ring), kept as they
+	// move (a 64-bit division per op, for an entries count that need
+	// not be a power of two, was ~2 % of an op).
+	head, scanAt int32
+	pending      int // entries whose work is not yet retired
+
 	opts       FlightRecorderOptions
 	rank, size int
 
@@ -59,21 +72,12 @@ type FlightRecorder struct {
 	wall0 time.Time
 	mono0 time.Duration
 
-	mu     sync.Mutex
-	ring   []frEntry
-	nextID uint64
-	scan   uint64 // the next entry retireDone looks at
-	// head and scanAt are nextID and scan modulo cap(ring), kept as they
-	// move (a 64-bit division per op, for an entries count that need
-	// not be a power of two, was ~2 % of an op).
-	head, scanAt int
-	groups       map[string]frtrace.PGConfig
-	status       map[string]*frtrace.PGStatus
-	pending      int         // entries whose work is not yet retired
-	dumps        watch.Dumps // when to dump, other than on demand
-	ndumps       int         // dumps written
-	runID        string      // the job: Config.RunID and the default group's uid
-	pgUID        string
+	groups map[string]frtrace.PGConfig
+	status map[string]*frtrace.PGStatus
+	dumps  watch.Dumps // when to dump, other than on demand
+	ndumps int         // dumps written
+	runID  string      // the job: Config.RunID and the default group's uid
+	pgUID  string
 
 	// refreshMu serialises refresh (the poll goroutine's and Snapshot's),
 	// which owns polls between its two holds of mu.
@@ -87,9 +91,14 @@ type FlightRecorder struct {
 // frGroup is what the recorder knows of one group: looked up once, at
 // attach, so that recording an op needs no map lookup.
 type frGroup struct {
-	name, desc string
-	rank       int               // this process's rank in the group, for the profiling names
-	status     *frtrace.PGStatus // guarded by fr.mu
+	// status is the group's pg_status (in fr.status too), guarded by
+	// fr.mu: st, for the groups attach made, which every op writes, in
+	// the same cache line as the pointer the op reads.
+	status *frtrace.PGStatus
+	st     frtrace.PGStatus
+	rank   int // this process's rank in the group, for the profiling names
+	name   string
+	desc   string
 }
 
 // opName is the parts of an op's profiling name (OpInfo.ProfilingName).
@@ -119,6 +128,9 @@ type frPoll struct {
 func newFlightRecorder(opts FlightRecorderOptions, rank, size int) (*FlightRecorder, error) {
 	if opts.Entries == 0 {
 		opts.Entries = DefaultTraceEntries
+	}
+	if opts.Entries > math.MaxInt32 {
+		return nil, fmt.Errorf("dispatcher: flight recorder entries %d: more than %d", opts.Entries, math.MaxInt32)
 	}
 	if opts.DumpPrefix == "" {
 		opts.DumpPrefix = DefaultDumpPrefix
@@ -160,12 +172,13 @@ func (fr *FlightRecorder) wallNs(m time.Duration) int64 {
 // attach records the ops of pg: the dispatcher calls add for each (see
 // ProcessGroup.post), as the first of its post-op observers.
 func (fr *FlightRecorder) attach(pg *ProcessGroup) {
-	st := &frtrace.PGStatus{LastStarted: -1}
+	g := &frGroup{st: frtrace.PGStatus{LastStarted: -1}, rank: pg.rank, name: pg.name, desc: pg.desc}
+	g.status = &g.st
 	fr.mu.Lock()
 	fr.groups[pg.name] = frtrace.PGConfig{Name: pg.name, Desc: pg.desc, Ranks: pg.Ranks()}
-	fr.status[pg.name] = st
+	fr.status[pg.name] = g.status
 	fr.mu.Unlock()
-	pg.frg = &frGroup{name: pg.name, desc: pg.desc, rank: pg.rank, status: st}
+	pg.frg = g
 }
 
 // record adds the op info describes, as a post hook would see it: the
@@ -230,7 +243,7 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, w backend.Wo
 			fr.pending--
 		}
 	}
-	if fr.head++; fr.head == cap(fr.ring) {
+	if fr.head++; int(fr.head) == cap(fr.ring) {
 		fr.head = 0
 	}
 	slot.id, slot.g, slot.seq, slot.p2p = id, g, seq, c.p2pSeq
@@ -325,7 +338,7 @@ func (fr *FlightRecorder) retireDone() error {
 // advanceScan moves retireDone's scan to the next entry. fr.mu is held.
 func (fr *FlightRecorder) advanceScan() {
 	fr.scan++
-	if fr.scanAt++; fr.scanAt == cap(fr.ring) {
+	if fr.scanAt++; int(fr.scanAt) == cap(fr.ring) {
 		fr.scanAt = 0
 	}
 }

@@ -119,7 +119,7 @@ func TestRecorderRetireScanWraps(t *testing.T) {
 		t.Helper()
 		fr.mu.Lock()
 		defer fr.mu.Unlock()
-		if fr.head != int(fr.nextID%size) || fr.scanAt != int(fr.scan%size) {
+		if int(fr.head) != int(fr.nextID%size) || int(fr.scanAt) != int(fr.scan%size) {
 			t.Fatalf("%s: head %d, scanAt %d for nextID %d, scan %d (size %d)", when, fr.head, fr.scanAt, fr.nextID, fr.scan, size)
 		}
 	}
