@@ -159,6 +159,7 @@ type Backend struct {
 	jobs  jobPool       // the jobs of completed lane allreduces (work.go)
 	works workSlab      // the Works of small lane allreduces, under mu (work.go)
 	flat  bool          // small lane allreduces take one exchange (lanes.go, flatFor)
+	board bool          // and post on the mesh's board (tcpmesh.Mesh.Board), fixed at set-up
 	lanes int           // the largest allreduce that takes the lanes (laneBytes), fixed at set-up
 	// scratch is the flat lane allreduce's copy of this rank's
 	// contribution; lane ops run one at a time, so one is enough.
@@ -182,6 +183,15 @@ type Backend struct {
 	laneDone   atomic.Uint64
 	laneSkip   map[uint64]bool
 	laneWake   chan struct{}
+
+	// The deferred lane op (deferred.go): dW is its Work while it waits
+	// in the slot, dOp what it needs (owned by whoever swapped dW out),
+	// dBusy says the slot is in use, dRuns counts the ops run from it
+	// (the nudge's sign of progress).
+	dW    atomic.Pointer[work]
+	dBusy atomic.Bool
+	dOp   deferredOp
+	dRuns atomic.Uint64
 
 	// wd decides what a timed-out op leads to (the dump, once per backend:
 	// the first timeout is the one worth it), as it does for nccl's
@@ -222,6 +232,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	b := &Backend{cfg: cfg, opts: opts, args: hostChecker(cfg.Rank), wd: watch.NewWatchdog[*job](watch.Config{Policy: watch.NoHandling, Rank: cfg.Rank, Dump: cfg.DumpAll != nil})}
 	b.q.init(lazyWake)
 	b.q.ready = b.laneReady
+	b.q.owner = b
 	mesh, err := tcpmesh.Connect(ctx, tcpmesh.Config{
 		Rank: cfg.Rank, Size: cfg.WorldSize, Store: cfg.Store, Host: opts.Host,
 		ConnectTimeout: opts.ConnectTimeout, MaxMessage: opts.MaxMessageBytes, Pool: &b.pool,
@@ -235,6 +246,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	b.mesh = mesh
 	b.spin = mesh.PollSpin()
 	b.flat = mesh.Oversubscribed()
+	b.board = mesh.Board()
 	b.comm = &coll.Comm{T: mesh, Pool: &b.pool, Segment: opts.SegmentBytes, Window: opts.Window, Small: opts.SmallBytes}
 	b.lanes = b.laneBytes()
 	for range opts.Threads {

@@ -240,7 +240,7 @@ func (b *Backend) flatFor(n int) bool {
 func (b *Backend) runAllreduceLanes(ctx context.Context, lo *laneOp, bufs [][]byte, k reduce.Kernel) error {
 	buf := combineLocal(k, bufs, 0)
 	var err error
-	if b.flatFor(len(buf)) && b.mesh.Board() {
+	if b.flatFor(len(buf)) && b.board {
 		err = coll.AllreduceBoard(ctx, lo, buf, k)
 	} else if b.flatFor(len(buf)) {
 		if len(b.scratch) < len(buf) {
@@ -298,6 +298,11 @@ func (b *Backend) collectiveLane(ctx context.Context, op backend.Op, m backend.M
 	if err := b.usableLocked(op, m.Seq); err != nil {
 		b.mu.Unlock()
 		return nil, err
+	}
+	if run == nil && len(bufs) == 1 {
+		if h, ok := b.deferLane(ctx, op, m, fp, outputs, bufs[0], k); ok {
+			return h, nil
+		}
 	}
 	var h0 *work
 	if run == nil && len(bufs) == 1 && len(bufs[0]) <= slabBytes {

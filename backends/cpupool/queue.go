@@ -53,6 +53,12 @@ type queue struct {
 	// ready, when set, says whether a job at the head may be popped now
 	// (a lane op only in its turn: lanes.go); others wait behind it.
 	ready func(*job) bool
+	// owner, when set, holds the deferred lane op (deferred.go), which
+	// every push, an idle worker's pop, the nudge and close take out of
+	// its slot into the queue first; armedA is armed, for its look
+	// without mu (armDeferred).
+	owner  *Backend
+	armedA atomic.Bool
 }
 
 // init sets the queue up; lazy <= 0 wakes a worker on every push.
@@ -73,18 +79,60 @@ func (q *queue) nudged() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.armed = false
+	q.armedA.Store(false)
 	if q.closed != nil {
 		return
 	}
-	if q.head == len(q.items) || q.pops != q.seen {
+	pending := q.deferredPending()
+	if (q.head == len(q.items) && !pending) || q.progress() != q.seen {
 		q.period = min(2*q.period, max(lazyMax, q.lazy))
-		if q.head != len(q.items) {
+		if q.head != len(q.items) || pending {
 			q.armLocked()
 		}
 		return
 	}
+	// Nobody took a job or ran a deferred op for a period: the deferred
+	// op, if any, goes to the queue, and a worker is woken.
+	q.flushLocked()
 	q.period = q.lazy
 	q.cond.Signal()
+}
+
+// progress counts what left the queue or the deferred slot by being run;
+// q.mu is held.
+func (q *queue) progress() uint64 {
+	if q.owner == nil {
+		return q.pops
+	}
+	return q.pops + q.owner.dRuns.Load()
+}
+
+// deferredPending reports whether a deferred lane op waits in its slot.
+func (q *queue) deferredPending() bool { return q.owner != nil && q.owner.dW.Load() != nil }
+
+// flushLocked appends the deferred lane op, if one waits in its slot, to
+// the queue, ahead of whatever is queued after; q.mu is held.
+func (q *queue) flushLocked() {
+	if q.owner == nil {
+		return
+	}
+	if j := q.owner.flushDeferred(); j != nil {
+		q.items = append(q.items, j)
+		q.n.Add(1)
+	}
+}
+
+// armDeferred sets the nudge timer for a deferred lane op (unless it is
+// set), so that a worker runs the op if nobody waits for it.
+func (q *queue) armDeferred() {
+	if q.armedA.Load() {
+		return
+	}
+	q.mu.Lock()
+	if q.closed == nil {
+		q.armLocked()
+	}
+	q.mu.Unlock()
 }
 
 // armLocked sets the nudge timer unless it is set; q.mu is held. Setting
@@ -92,7 +140,8 @@ func (q *queue) nudged() {
 // update (a lock and the timer heap) per small op.
 func (q *queue) armLocked() {
 	if !q.armed {
-		q.armed, q.seen = true, q.pops
+		q.armed, q.seen = true, q.progress()
+		q.armedA.Store(true)
 		q.nudge.Reset(q.period)
 	}
 }
@@ -106,6 +155,7 @@ func (q *queue) push(j *job) bool {
 	if q.closed != nil {
 		return false
 	}
+	q.flushLocked()
 	q.items = append(q.items, j)
 	q.n.Add(1)
 	if q.idle > 0 {
@@ -122,6 +172,10 @@ func (q *queue) pop() *job {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for (q.head == len(q.items) || !q.headReady()) && q.closed == nil {
+		if q.head == len(q.items) && q.deferredPending() {
+			q.flushLocked()
+			continue
+		}
 		q.idle++
 		q.cond.Wait()
 		q.idle--
@@ -172,6 +226,7 @@ func (q *queue) take(j *job) bool {
 // close stops the workers; queued jobs fail with err.
 func (q *queue) close(err error) {
 	q.mu.Lock()
+	q.flushLocked()
 	q.closed = err
 	if q.nudge != nil {
 		q.nudge.Stop()

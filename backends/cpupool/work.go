@@ -49,6 +49,9 @@ type work struct {
 	// its own Add, which the run's precedes, so a plain field will do
 	// (one locked instruction fewer per op than an atomic store).
 	reuse bool
+	// deferred says the op was issued into the Backend's slot
+	// (deferred.go): its Wait may run it from there. Written at issue.
+	deferred bool
 }
 
 // acquire takes a reference to the job, unless the op has completed (a
@@ -83,6 +86,12 @@ func (w *work) release(reuse bool) {
 
 // Wait implements backend.Work.
 func (w *work) Wait(ctx context.Context) error {
+	if w.deferred && !w.IsCompleted() {
+		if w.b.takeDeferred(w) {
+			return w.HostWork.Wait(ctx)
+		}
+		w.b.awaitJob(w)
+	}
 	if w.acquire() {
 		w.b.help(w.j, func(*job) bool { return true })
 		w.release(false)
@@ -95,6 +104,16 @@ func (w *work) Wait(ctx context.Context) error {
 // fired, and whether the op's own timeout had passed.
 func (w *work) WaitHost(ctx context.Context) error {
 	start := backend.Mono()
+	if w.deferred && !w.IsCompleted() {
+		// Run from the slot only by a wait that outlasts the op's
+		// deadline (outlasts' rule).
+		if dl, ok := ctx.Deadline(); ctx.Done() == nil || (ok && w.deadline != 0 && backend.MonoOf(dl) >= w.deadline) {
+			if w.b.takeDeferred(w) {
+				return w.HostWork.WaitHost(ctx)
+			}
+		}
+		w.b.awaitJob(w)
+	}
 	if w.acquire() {
 		w.b.help(w.j, func(j *job) bool { return outlasts(ctx, j) })
 		w.release(false)
