@@ -7,4 +7,7 @@ import "github.com/gocoll/gocoll/backend"
 func SetFlatLanes(b backend.Backend, on bool) { b.(*Backend).flat = on }
 
 // HasBoard reports whether b's flat lane allreduces post on a board.
-func HasBoard(b backend.Backend) bool { return b.(*Backend).mesh.Board() }
+func HasBoard(b backend.Backend) bool { return b.(*Backend).board }
+
+// DeferredRuns is how many ops b's Waits ran from its deferred slot.
+func DeferredRuns(b backend.Backend) uint64 { return b.(*Backend).dRuns.Load() }

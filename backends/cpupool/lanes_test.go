@@ -444,3 +444,102 @@ func TestDirectRawLanesPeerDeath(t *testing.T) {
 		t.Fatal("hang after peer death")
 	}
 }
+
+// TestDeferredLaneOps: flat board allreduces issued with nothing else in
+// flight wait in the Backend's slot and run on their Wait (the counter
+// shows it); one that nobody waits for is run by a worker after the
+// nudge (polled with IsCompleted only); ops issued back to back before
+// any Wait, and a broadcast issued behind one, run in issue order with
+// the right sums.
+func TestDeferredLaneOps(t *testing.T) {
+	ctx := context.Background()
+	const n = 4
+	bs := group(t, n, &cpupool.Options{Transport: "shm"})
+	for _, b := range bs {
+		cpupool.SetFlatLanes(b, true)
+	}
+	meta := backend.Meta{Timeout: 15 * time.Second}
+	sum := float32(n * (n - 1) / 2)
+	// Issued and waited at once: the slot's path.
+	checkUsable(ctx, t, bs, meta)
+	for r, b := range bs {
+		if cpupool.DeferredRuns(b) == 0 {
+			t.Fatalf("rank %d: no op ran from the slot", r)
+		}
+	}
+	// Nobody waits: only IsCompleted is asked.
+	each(t, bs, func(r int, b backend.Backend) error {
+		x, _ := tensor.FromSlice([]float32{float32(r)})
+		w, err := b.Allreduce(ctx, meta, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+		if err != nil {
+			return err
+		}
+		for deadline := time.Now().Add(10 * time.Second); !w.IsCompleted(); time.Sleep(100 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("rank %d: an op nobody waits for did not complete in 10 s", r)
+			}
+		}
+		if err := w.Exception(); err != nil {
+			return err
+		}
+		if got := x.At(0); got != float64(sum) {
+			return fmt.Errorf("rank %d: %v, want %v", r, got, sum)
+		}
+		return nil
+	})
+	// Back to back, then a broadcast behind the last one.
+	each(t, bs, func(r int, b backend.Backend) error {
+		xs := make([]*tensor.Tensor, 5)
+		ws := make([]backend.Work, 0, 6)
+		for k := range xs {
+			xs[k], _ = tensor.FromSlice([]float32{float32(r + k)})
+			w, err := b.Allreduce(ctx, meta, xs[k:k+1], backend.AllreduceOptions{})
+			if err != nil {
+				return err
+			}
+			ws = append(ws, w)
+		}
+		y, _ := tensor.FromSlice([]float32{float32(r + 100)})
+		w, err := b.Broadcast(ctx, meta, []*tensor.Tensor{y}, backend.BroadcastOptions{RootRank: 2})
+		if err != nil {
+			return err
+		}
+		ws = append(ws, w)
+		for i := len(ws) - 1; i >= 0; i-- {
+			if err := ws[i].Wait(ctx); err != nil {
+				return err
+			}
+		}
+		for k, x := range xs {
+			if got, want := x.At(0), float64(sum)+float64(n*k); got != want {
+				return fmt.Errorf("rank %d op %d: %v, want %v", r, k, got, want)
+			}
+		}
+		if got := y.At(0); got != 102 {
+			return fmt.Errorf("rank %d: broadcast %v, want 102", r, got)
+		}
+		return nil
+	})
+}
+
+// TestDeferredAbort: an op waiting in the deferred slot when its rank
+// aborts fails with ErrAborted, and a later op is refused.
+func TestDeferredAbort(t *testing.T) {
+	ctx := context.Background()
+	bs := group(t, 4, &cpupool.Options{Transport: "shm"})
+	for _, b := range bs {
+		cpupool.SetFlatLanes(b, true)
+	}
+	x := tensor.New(tensor.Float32, 2)
+	w, err := bs[0].Allreduce(ctx, backend.Meta{Timeout: time.Minute}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = bs[0].Abort(ctx, errors.New("test abort"))
+	if err := w.Wait(ctx); !errors.Is(err, backend.ErrAborted) {
+		t.Fatalf("want ErrAborted, got %v", err)
+	}
+	if _, err := bs[0].Allreduce(ctx, backend.Meta{}, []*tensor.Tensor{x}, backend.AllreduceOptions{}); !errors.Is(err, backend.ErrAborted) {
+		t.Fatalf("after abort: %v", err)
+	}
+}
