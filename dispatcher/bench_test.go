@@ -33,7 +33,7 @@ func BenchmarkDispatchAllreduce(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer pg.Close(context.Background())
-			pg.backends[tensor.CPU].b = &nop{}
+			swapBackend(pg, tensor.CPU, &nop{})
 			ctx := context.Background()
 			x := []*tensor.Tensor{tensor.New(tensor.Float32, 1024)}
 			b.ReportAllocs()

@@ -63,7 +63,7 @@ func TestRecorderConcurrentIssueAndSnapshot(t *testing.T) {
 	}
 	groups := []*ProcessGroup{pg, sub}
 	for _, g := range groups {
-		g.backends[tensor.CPU].b = &lateBackend{}
+		swapBackend(g, tensor.CPU, &lateBackend{})
 	}
 	const issuers, ops = 4, 500
 	shapeOf := func(i int) int { return 10 + i }

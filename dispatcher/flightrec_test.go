@@ -260,7 +260,7 @@ func TestHeartbeatMonitorEndsTheProcess(t *testing.T) {
 	defer pg.Close(context.Background())
 	// Swap in a backend whose watchdog hangs (the test hook).
 	pg.mu.Lock()
-	pg.backends[tensor.CPU].b = &stuck{}
+	swapBackend(pg, tensor.CPU, &stuck{})
 	pg.mu.Unlock()
 	select {
 	case code := <-exited:

@@ -124,3 +124,11 @@ func init() {
 		return r, backend.Errorf(backend.ErrUnavailable, "init", "no device")
 	}})
 }
+
+// swapBackend makes b the backend of pg's device type dt, for the ops
+// (the slot's serve) as for the rest (its b): a test's stand-in for the
+// backend Init made.
+func swapBackend(pg *ProcessGroup, dt tensor.DeviceType, b backend.Backend) {
+	s := &pg.backends[dt]
+	s.b, s.serve = b, b
+}
