@@ -110,8 +110,8 @@ type Config struct {
 // ranks must issue the same collectives in the same order.
 type ProcessGroup struct {
 	// What every op reads (or, for the counters, writes) comes first,
-	// in two cache lines: spread over the struct (cfg alone is hundreds
-	// of bytes) they were six, each a miss once a real backend's op has
+	// in two cache lines: spread over the struct (cfg alone is 248
+	// bytes) they were six, each a miss once a real backend's op has
 	// run through the caches between two ops.
 	rank, size   int         // in this group; rank is -1 on a non-member
 	closed       atomic.Bool // ops are refused
