@@ -30,13 +30,23 @@ import (
 // allreduce of one tensor allocates only the handle: allocating and first
 // touching a fresh 640-byte work per op was a quarter of the Go cost of
 // an 8 B allreduce, and its garbage a GC every few thousand ops that moved
-// the spinning goroutine to another thread. Everything a caller can ask of
+// the spinning goroutine to another thread. The handles themselves come
+// from chunks (handleChunk). Everything a caller can ask of
 // an old handle (Exception, Future, Duration, SeqNum, Wait) is the
 // handle's own, so a recycled record cannot change it.
 //
 // A record stays out of the pool, and goes to the garbage collector
 // instead, when anything but b.mu's structures may still point at it: the
 // watchdog (watched), which reads it after b.mu is released.
+//
+// A recycled record goes to Backend.spare when that is empty, else to the
+// pool: with one op in flight at a time (the common small op) the next
+// op finds it there with one atomic swap, whichever goroutine completed
+// the op. Why not the pool alone: a record recycled on another P (the
+// progress goroutine's, or a Wait's on another thread) is not in the
+// issuing P's private slot, and Get then takes the pool's shared path or
+// steals from the other Ps, and the race detector drops pool items at
+// random.
 
 // handle is an op's backend.Work.
 //
@@ -100,7 +110,27 @@ type work struct {
 	pinv  [1][]byte    // plan.pins' first element: no allocation for one buffer
 	descv [1]C.gu_desc // plan.descs', likewise
 	slot  int          // the C slab's slot + 1 of a small op (small.go); 0: none
+	hs    []handle     // the rest of a chunk of handles (newWork); kept across recycling
 }
+
+// handleChunk is how many handles newWork allocates at once: 32 of 128
+// bytes, one 4 KiB allocation per 32 ops instead of one per op (the
+// handle was a small op's one allocation, and mallocgc with its share of
+// the GC's work about 3 % of a 2-rank 8 B op's samples).
+//
+// Why the chunk is the record's: the record belongs to one op from
+// newWork until it is recycled, so taking a handle from its chunk needs
+// no lock and no atomic (the record is the op's alone while it plans);
+// a chunk that runs out is replaced, and the old one lives on in the
+// handles callers still hold.
+//
+// The cost: a handle a caller keeps keeps its whole chunk alive (4 KiB
+// for one 128-byte handle, the other 31 handles' fields included, with
+// whatever their res still references until they are collected with it).
+// That is acceptable: callers keep few works for long, a handle's res is
+// the caller's own tensors, and handles do not reference their records
+// once these are recycled.
+const handleChunk = 32
 
 // newHandle makes the handle of op m.
 func (b *Backend) newHandle(op backend.Op, m backend.Meta) *handle {
@@ -111,11 +141,19 @@ func (b *Backend) newHandle(op backend.Op, m backend.Meta) *handle {
 // the Future gives), the record from the pool when one is there. enq is
 // taken by submit.
 func (b *Backend) newWork(op backend.Op, m backend.Meta, outputs []*tensor.Tensor) *work {
-	h := b.newHandle(op, m)
-	w, _ := b.recs.Get().(*work)
+	w := b.spare.Swap(nil)
 	if w == nil {
-		w = new(work)
+		w, _ = b.recs.Get().(*work)
+		if w == nil {
+			w = new(work)
+		}
 	}
+	if len(w.hs) == 0 {
+		w.hs = make([]handle, handleChunk)
+	}
+	h := &w.hs[0] // zero: each handle of a chunk is handed out once
+	w.hs = w.hs[1:]
+	h.b, h.op, h.seq, h.timeout = b, op, m.Seq, m.Timeout
 	w.h, h.rec = h, w
 	// Field by field: a record is zero (new, or cleared by recycleLocked),
 	// and a plan literal wrote all ~200 bytes of the plan again, with
@@ -134,9 +172,11 @@ func (w *work) recycleLocked() {
 	}
 	b := w.b
 	w.h.rec = nil
-	pin := w.pin // unpinned (testLocked); its backing store is kept for the next op
-	*w = work{pin: pin}
-	b.recs.Put(w)
+	pin, hs := w.pin, w.hs // pin is unpinned (testLocked); its backing store is kept for the next op
+	*w = work{pin: pin, hs: hs}
+	if !b.spare.CompareAndSwap(nil, w) {
+		b.recs.Put(w)
+	}
 }
 
 // complete finishes the op with (res, err) unless it has finished; it
