@@ -11,4 +11,9 @@ func TestHandleSize(t *testing.T) {
 	if n := unsafe.Sizeof(handle{}); n > 128 {
 		t.Fatalf("handle is %d bytes, over the 128-byte size class", n)
 	}
+	// A chunk of handles (handleChunk) and its 8-byte malloc header in
+	// the 4096-byte size class.
+	if n := unsafe.Sizeof([handleChunk]handle{}) + 8; n > 4096 {
+		t.Fatalf("a chunk of %d handles is %d bytes with its malloc header, over the 4096-byte size class", handleChunk, n)
+	}
 }

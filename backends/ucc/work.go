@@ -113,10 +113,14 @@ type work struct {
 	hs    []handle     // the rest of a chunk of handles (newWork); kept across recycling
 }
 
-// handleChunk is how many handles newWork allocates at once: 32 of 128
-// bytes, one 4 KiB allocation per 32 ops instead of one per op (the
+// handleChunk is how many handles newWork allocates at once: 31 of 128
+// bytes, one 4 KiB allocation per 31 ops instead of one per op (the
 // handle was a small op's one allocation, and mallocgc with its share of
-// the GC's work about 3 % of a 2-rank 8 B op's samples).
+// the GC's work about 3 % of a 2-rank 8 B op's samples). Why 31, not 32:
+// an object with pointers over 512 bytes carries an 8-byte malloc header,
+// and 32 handles (4096 + 8 bytes) took the 4864-byte size class, 152
+// bytes per op, more than the single handle's 128; 31 (3976 + 8) fit the
+// 4096-byte class (TestHandleSize keeps them there).
 //
 // Why the chunk is the record's: the record belongs to one op from
 // newWork until it is recycled, so taking a handle from its chunk needs
@@ -125,12 +129,12 @@ type work struct {
 // handles callers still hold.
 //
 // The cost: a handle a caller keeps keeps its whole chunk alive (4 KiB
-// for one 128-byte handle, the other 31 handles' fields included, with
+// for one 128-byte handle, the other 30 handles' fields included, with
 // whatever their res still references until they are collected with it).
 // That is acceptable: callers keep few works for long, a handle's res is
 // the caller's own tensors, and handles do not reference their records
 // once these are recycled.
-const handleChunk = 32
+const handleChunk = 31
 
 // newHandle makes the handle of op m.
 func (b *Backend) newHandle(op backend.Op, m backend.Meta) *handle {

@@ -241,10 +241,28 @@ func TestAllreduceAllocs(t *testing.T) {
 					t.Fatal(err)
 				}
 			})
-			// AllocsPerRun's average is whole allocations: a chunk per 32
+			// AllocsPerRun's average is whole allocations: a chunk per 31
 			// ops reads 0, a handle per op 1.
 			if n > 0 {
 				t.Fatalf("%v allocations per 8 B allreduce and Wait; want 0 (a chunk of %d handles per %d ops)", n, handleChunk, handleChunk)
+			}
+			// And the bytes: a chunk in the 4096-byte class is 132 bytes
+			// per op; in the next class up (a header past 4096) 152.
+			const ops = 31 * 200
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for range ops {
+				w, err := b.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce}, x, backend.AllreduceOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := w.Wait(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			runtime.ReadMemStats(&after)
+			if per := (after.TotalAlloc - before.TotalAlloc) / ops; per > 140 {
+				t.Fatalf("%d bytes allocated per 8 B allreduce and Wait; want 4096/%d = %d (a chunk of handles)", per, handleChunk, 4096/handleChunk)
 			}
 		})
 	}
