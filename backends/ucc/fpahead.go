@@ -147,6 +147,15 @@ func (b *Backend) fpAheadShmLocked(w *work, sb *shmBoard, pctx C.uintptr_t) bool
 	g.pub++
 	g.nAhead++
 	w.fpw.held, w.fpw.ahead = false, true
+	if len(g.ver) > 0 {
+		// Earlier works posted ahead still wait for their peers' slots:
+		// judge them first (by now their peers have usually published),
+		// so that C can look at this one's too. Why: C looks only when
+		// no earlier work waits (they go first), and the judge after the
+		// call then read this op's slots in Go as well, one of the steps
+		// of the rank that posts first (~1.5 % of its samples).
+		b.fpVerifyLocked()
+	}
 	var slots *C.uintptr_t
 	var nslots C.int
 	if len(g.ver) == 0 {
@@ -170,7 +179,9 @@ func (b *Backend) fpAheadShmLocked(w *work, sb *shmBoard, pctx C.uintptr_t) bool
 	}
 	g.ver = append(g.ver, w)
 	if verdict == 2 || nslots == 0 {
-		b.fpVerifyLocked() // the words differ (judge names them), or earlier works go first
+		// The words differ (judge names them), or earlier works still go
+		// first: their peers may have published during the call.
+		b.fpVerifyLocked()
 	}
 	return true
 }
