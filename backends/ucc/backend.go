@@ -146,10 +146,8 @@ type Backend struct {
 	pending []*work // posted, not yet finished by UCC, in post order
 	// recs is the pool of op records (work.go): a record comes back once
 	// its op has left UCC, so a small op allocates only its handle (and
-	// that from a chunk, handleChunk). spare holds one record before the
-	// pool: the one the last op left, for the next (work.go says why).
+	// that from a chunk, handleChunk).
 	recs    sync.Pool
-	spare   atomic.Pointer[work]
 	stopped error // ErrClosed or the abort error; later ops fail with it
 	wd      *watch.Watchdog[*work]
 	fp      *fpGate   // the fingerprint check (fingerprint.go); nil when off

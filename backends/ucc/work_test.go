@@ -131,9 +131,7 @@ func TestRecycledRecords(t *testing.T) {
 			reused := 0
 			for i := range 500 {
 				x := tensor.New(tensor.Float32, 2)
-				if b.spare.Load() == rec {
-					reused++ // in the spare slot: the next op takes it
-				} else if w, _ := b.recs.Get().(*work); w != nil {
+				if w, _ := b.recs.Get().(*work); w != nil {
 					if w == rec {
 						reused++
 					}
@@ -145,7 +143,7 @@ func TestRecycledRecords(t *testing.T) {
 				}
 			}
 			if reused == 0 && !raceOn {
-				t.Fatalf("500 ops never found op 1's record back in the spare slot or the pool")
+				t.Fatalf("500 ops never found op 1's record back in the pool")
 			}
 			if got := snap(t, ha); !same(got, want) {
 				t.Fatalf("op 1 after its record was reused: %+v, was %+v", got, want)
@@ -221,7 +219,7 @@ func TestRecycledRecordsConcurrent(t *testing.T) {
 
 // TestAllreduceAllocs: an 8 B allreduce and its Wait allocate nothing of
 // their own but a share of a chunk of handles (one allocation per
-// handleChunk ops; the record comes back from the spare slot). Not under
+// handleChunk ops; the record comes back from the pool). Not under
 // -race, which allocates on its own and empties pools at random.
 func TestAllreduceAllocs(t *testing.T) {
 	if raceOn {
