@@ -85,6 +85,8 @@ type opCall struct {
 	// hooks are the group's hooks as begin found them (nil for none):
 	// the op's pre and post hooks are the same set.
 	hooks *[]Hooks
+	// p2p is whether the op is a send or recv (its Kind is backend.P2P).
+	p2p bool
 	// peer is the op's peer, -1 for an op without one. (The op's tensor
 	// arguments are not here: the generated methods pass pre and post
 	// pointers to their views, on their stacks. A pointer to them in an
@@ -175,8 +177,10 @@ func (pg *ProcessGroup) barrierDevice(op backend.Op, deviceIDs []int) tensor.Dev
 }
 
 // begin picks the backend for dev and numbers the op, filling call (a
-// zero opCall on the caller's stack).
-func (pg *ProcessGroup) begin(ctx context.Context, call *opCall, op backend.Op, dev tensor.Device, timeout time.Duration) error {
+// zero opCall on the caller's stack). p2p is whether op is a send or recv
+// (backend.P2P): the generated method knows, so that neither begin nor the
+// recorder reads the op table for it.
+func (pg *ProcessGroup) begin(ctx context.Context, call *opCall, op backend.Op, p2p bool, dev tensor.Device, timeout time.Duration) error {
 	var s *slot
 	if int(dev.Type) < len(pg.backends) {
 		s = &pg.backends[dev.Type]
@@ -190,7 +194,7 @@ func (pg *ProcessGroup) begin(ctx context.Context, call *opCall, op backend.Op, 
 		timeout = pg.timeout
 	}
 	var seq uint64
-	p2p := op.Kind() == backend.P2P
+	call.p2p = p2p
 	if p2p {
 		seq = pg.p2pSeq.Add(1)
 	} else {

@@ -189,7 +189,7 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 	fr.mu.Unlock()
 	in, out := list("inputs", info.Inputs), list("outputs", info.Outputs)
 	c := opCall{meta: backend.Meta{Op: info.Op, Seq: info.Seq, Timeout: info.Timeout, Issued: backend.MonoOf(info.Issued)},
-		bname: info.Backend, p2pSeq: info.P2PSeq, peer: info.Peer}
+		bname: info.Backend, p2p: info.Op.Kind() == backend.P2P, p2pSeq: info.P2PSeq, peer: info.Peer}
 	fr.add(g, &c, &in, &out, w, err)
 }
 
@@ -200,7 +200,7 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, w backend.Work, err error) {
 	op := c.meta.Op
 	var flags frMeta
-	isP2P := op.Kind() == backend.P2P
+	isP2P := c.p2p
 	if isP2P {
 		flags = frP2P
 	}

@@ -39,7 +39,7 @@ func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor,
 		dev = pg.deviceOf(&aTensors)
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpBroadcast, dev, opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpBroadcast, false, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -82,7 +82,7 @@ func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor,
 		dev = pg.deviceOf(&aTensors)
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllreduce, dev, opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllreduce, false, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -122,7 +122,7 @@ func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tenso
 		dev = pg.deviceOf(&aTensors)
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllreduceCoalesced, dev, opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllreduceCoalesced, false, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -167,7 +167,7 @@ func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, op
 		dev = pg.deviceOf(&aTensors)
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpReduce, dev, opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpReduce, false, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -202,7 +202,7 @@ func (pg *ProcessGroup) Allgather(ctx context.Context, outputs [][]*tensor.Tenso
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllgather, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllgather, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -235,7 +235,7 @@ func (pg *ProcessGroup) AllgatherIntoTensor(ctx context.Context, output *tensor.
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensor, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensor, false, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -270,7 +270,7 @@ func (pg *ProcessGroup) AllgatherCoalesced(ctx context.Context, outputs [][]*ten
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllgatherCoalesced, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllgatherCoalesced, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -305,7 +305,7 @@ func (pg *ProcessGroup) AllgatherIntoTensorCoalesced(ctx context.Context, output
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensorCoalesced, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensorCoalesced, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -341,7 +341,7 @@ func (pg *ProcessGroup) ReduceScatter(ctx context.Context, outputs []*tensor.Ten
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpReduceScatter, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpReduceScatter, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -375,7 +375,7 @@ func (pg *ProcessGroup) ReduceScatterTensor(ctx context.Context, output *tensor.
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensor, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensor, false, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -411,7 +411,7 @@ func (pg *ProcessGroup) ReduceScatterTensorCoalesced(ctx context.Context, output
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensorCoalesced, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensorCoalesced, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -445,7 +445,7 @@ func (pg *ProcessGroup) Alltoall(ctx context.Context, outputs []*tensor.Tensor, 
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAlltoall, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAlltoall, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -479,7 +479,7 @@ func (pg *ProcessGroup) AlltoallBase(ctx context.Context, output *tensor.Tensor,
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpAlltoallBase, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpAlltoallBase, false, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -514,7 +514,7 @@ func (pg *ProcessGroup) Gather(ctx context.Context, outputs [][]*tensor.Tensor, 
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpGather, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpGather, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -549,7 +549,7 @@ func (pg *ProcessGroup) Scatter(ctx context.Context, outputs []*tensor.Tensor, i
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpScatter, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpScatter, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -584,7 +584,7 @@ func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst 
 		dev = pg.deviceOf(&aTensors)
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpSend, dev, opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpSend, true, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	call.peer = dst
@@ -620,7 +620,7 @@ func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src 
 		dev = pg.deviceOf(&aTensors)
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpRecv, dev, opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpRecv, true, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	call.peer = src
@@ -655,7 +655,7 @@ func (pg *ProcessGroup) RecvAnysource(ctx context.Context, tensors []*tensor.Ten
 		dev = pg.deviceOf(&aTensors)
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpRecvAnysource, dev, opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpRecvAnysource, true, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -680,7 +680,7 @@ func (pg *ProcessGroup) Barrier(ctx context.Context, opts backend.BarrierOptions
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpBarrier, pg.barrierDevice(backend.OpBarrier, opts.DeviceIDs), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpBarrier, false, pg.barrierDevice(backend.OpBarrier, opts.DeviceIDs), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
@@ -705,7 +705,7 @@ func (pg *ProcessGroup) MonitoredBarrier(ctx context.Context, opts backend.Monit
 		return nil, c.err
 	}
 	var call opCall
-	if err := pg.begin(ctx, &call, backend.OpMonitoredBarrier, pg.barrierDevice(backend.OpMonitoredBarrier, nil), opts.Timeout); err != nil {
+	if err := pg.begin(ctx, &call, backend.OpMonitoredBarrier, false, pg.barrierDevice(backend.OpMonitoredBarrier, nil), opts.Timeout); err != nil {
 		return nil, err
 	}
 	if call.hooks != nil {
