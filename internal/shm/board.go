@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -187,8 +186,7 @@ func (b *Board) Post(stamp uint64) {
 // and has not posted want), ctx's error or check's.
 func (b *Board) Await(ctx context.Context, r int, want uint64, spin, slice time.Duration, check func() error) (int, uint64, error) {
 	s0, s1 := b.stamp(r, 0), b.stamp(r, 1)
-	var start time.Time
-	yield := b.Yield
+	p := pacer{spin: spin, yield: b.Yield}
 	for i := 0; ; i++ {
 		dead := b.dead[r].Load()
 		a, c := s0.Load(), s1.Load()
@@ -217,28 +215,7 @@ func (b *Board) Await(ctx context.Context, r int, want uint64, spin, slice time.
 		if dead {
 			return -1, 0, ErrPeerDead
 		}
-		if spin <= 0 && yield > 0 {
-			if i&15 == 15 {
-				if start.IsZero() {
-					start = time.Now()
-				} else if time.Since(start) > yield {
-					yield = 0
-				}
-			}
-			if yield > 0 {
-				schedYield()
-				continue
-			}
-		}
-		if spin > 0 {
-			if i&255 == 255 {
-				if start.IsZero() {
-					start = time.Now()
-				} else if time.Since(start) > spin {
-					spin = 0
-				}
-				runtime.Gosched()
-			}
+		if p.poll(i) {
 			continue
 		}
 		if err := ctx.Err(); err != nil {

@@ -598,7 +598,7 @@ func (r *Ring) Await(ctx context.Context, n int, spin, slice time.Duration, chec
 // wake-up (a halted virtual CPU's, above all) costs more than the spin.
 func (r *Ring) AwaitYield(ctx context.Context, n int, spin, yield, slice time.Duration, check func() error) error {
 	need := uint64(n)
-	var start time.Time
+	p := pacer{spin: spin, yield: yield}
 	for i := 0; ; i++ {
 		dead := r.dead.Load()
 		if r.tail.Load()-r.head.Load() >= need {
@@ -610,33 +610,7 @@ func (r *Ring) AwaitYield(ctx context.Context, n int, spin, yield, slice time.Du
 		if dead {
 			return ErrPeerDead
 		}
-		if spin <= 0 && yield > 0 {
-			if start.IsZero() {
-				start = time.Now()
-			} else if i&15 == 15 && time.Since(start) > yield {
-				yield = 0
-			}
-			if yield > 0 {
-				schedYield()
-				continue
-			}
-		}
-		if spin > 0 {
-			// A poll is two loads; the scheduler (Gosched) and the clock
-			// cost a hundred times more, so both are taken only now and
-			// then: the profile of a small allreduce was half Gosched.
-			// Not rarer than every 256 polls: the goroutine the op waits
-			// for may be in this process (two ranks of one process, as in
-			// BenchmarkAllreduce) and need this P; with a Gosched every
-			// 4096 polls that benchmark took 70-115 µs at 8 B, not 5-7.
-			if i&255 == 255 {
-				if start.IsZero() {
-					start = time.Now()
-				} else if time.Since(start) > spin {
-					spin = 0
-				}
-				runtime.Gosched()
-			}
+		if p.poll(i) {
 			continue
 		}
 		if err := ctx.Err(); err != nil {

@@ -3,7 +3,6 @@ package shm
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -94,8 +93,7 @@ func (r *Ring) Stamped() bool {
 func (r *Ring) AwaitStamped(ctx context.Context, spin, slice time.Duration, check func() error) error {
 	h := r.head.Load()
 	w, want := r.stampWord(h), r.stampOf(h)
-	var start time.Time
-	yield := r.Yield
+	p := pacer{spin: spin, yield: r.Yield}
 	for i := 0; ; i++ {
 		// dead first: a frame written before the peer died is visible
 		// once its death is.
@@ -109,31 +107,7 @@ func (r *Ring) AwaitStamped(ctx context.Context, spin, slice time.Duration, chec
 		if dead {
 			return ErrPeerDead
 		}
-		if spin <= 0 && yield > 0 {
-			// The clock from the 16th poll on: a wait whose peer runs
-			// within a few yields (4 ranks on 2 cores: most) reads none.
-			if i&15 == 15 {
-				if start.IsZero() {
-					start = time.Now()
-				} else if time.Since(start) > yield {
-					yield = 0
-				}
-			}
-			if yield > 0 {
-				schedYield()
-				continue
-			}
-		}
-		if spin > 0 {
-			// As Await: the scheduler and the clock only now and then.
-			if i&255 == 255 {
-				if start.IsZero() {
-					start = time.Now()
-				} else if time.Since(start) > spin {
-					spin = 0
-				}
-				runtime.Gosched()
-			}
+		if p.poll(i) {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
