@@ -2,12 +2,8 @@ package shm
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -76,25 +72,9 @@ func CreateBoard(prefix string, n, rank, slotBytes int) (*Board, string, error) 
 	if n < 1 || rank < 0 || rank >= n || slotBytes <= 0 {
 		return nil, "", fmt.Errorf("shm: board of %d ranks (rank %d), slots of %d bytes", n, rank, slotBytes)
 	}
-	var rnd [8]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return nil, "", fmt.Errorf("shm: random name: %w", err)
-	}
-	path := filepath.Join(Dir, prefix+hex.EncodeToString(rnd[:]))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	mem, path, err := createFile(prefix, BoardBytes(n, slotBytes))
 	if err != nil {
-		return nil, "", fmt.Errorf("shm: create: %w", err)
-	}
-	defer f.Close()
-	total := BoardBytes(n, slotBytes)
-	if err := syscall.Fallocate(int(f.Fd()), 0, 0, int64(total)); err != nil {
-		_ = os.Remove(path)
-		return nil, "", fmt.Errorf("shm: reserving %d bytes in %s: %w", total, Dir, err)
-	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, total, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE)
-	if err != nil {
-		_ = os.Remove(path)
-		return nil, "", fmt.Errorf("shm: mmap: %w", err)
+		return nil, "", err
 	}
 	binary.LittleEndian.PutUint64(mem[8:], uint64(n))
 	binary.LittleEndian.PutUint64(mem[16:], uint64(slotBytes))
@@ -104,26 +84,14 @@ func CreateBoard(prefix string, n, rank, slotBytes int) (*Board, string, error) 
 
 // OpenBoard maps a board file made by CreateBoard as rank of n.
 func OpenBoard(path string, n, rank int) (*Board, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	mem, err := mapFile(path, boardHeader)
 	if err != nil {
-		return nil, fmt.Errorf("shm: open: %w", err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("shm: stat: %w", err)
-	}
-	if st.Size() < boardHeader {
-		return nil, fmt.Errorf("shm: %s is %d bytes, too small", path, st.Size())
-	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE)
-	if err != nil {
-		return nil, fmt.Errorf("shm: mmap: %w", err)
+		return nil, err
 	}
 	bn := binary.LittleEndian.Uint64(mem[8:])
 	sb := binary.LittleEndian.Uint64(mem[16:])
 	if atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[0]))) != boardMagic || bn != uint64(n) || sb == 0 || sb%StampAlign != 0 ||
-		int64(BoardBytes(n, int(sb))) != st.Size() || rank < 0 || rank >= n {
+		BoardBytes(n, int(sb)) != len(mem) || rank < 0 || rank >= n {
 		_ = syscall.Munmap(mem)
 		return nil, fmt.Errorf("shm: %s is not a gocoll board file of %d ranks", path, n)
 	}

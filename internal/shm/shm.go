@@ -153,17 +153,49 @@ func Create(prefix string, ringBytes int) (*Pair, string, error) {
 	if ringBytes <= 0 || ringBytes&(ringBytes-1) != 0 {
 		return nil, "", fmt.Errorf("shm: ring size %d is not a power of two", ringBytes)
 	}
-	var rnd [16]byte // the name's suffix, then the stamps' key
+	var key [8]byte // the stamps' key (stamp.go)
+	if _, err := rand.Read(key[:]); err != nil {
+		return nil, "", fmt.Errorf("shm: random key: %w", err)
+	}
+	mem, path, err := createFile(prefix, headerSize+2*ringBytes)
+	if err != nil {
+		return nil, "", err
+	}
+	binary.LittleEndian.PutUint64(mem[8:], uint64(ringBytes))
+	copy(mem[offKey:offKey+8], key[:])
+	atomic.StoreUint64((*uint64)(unsafe.Pointer(&mem[0])), magic) // last: Open checks it
+	return newPair(mem, ringBytes, 0), path, nil
+}
+
+// Open maps a pair file made by Create, as the "upper" side (writes ring 1,
+// reads ring 0).
+func Open(path string) (*Pair, error) {
+	mem, err := mapFile(path, headerSize)
+	if err != nil {
+		return nil, err
+	}
+	rb := binary.LittleEndian.Uint64(mem[8:])
+	if atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[0]))) != magic || rb == 0 || rb&(rb-1) != 0 || uint64(len(mem)) != headerSize+2*rb {
+		_ = syscall.Munmap(mem)
+		return nil, fmt.Errorf("shm: %s is not a gocoll pair file", path)
+	}
+	return newPair(mem, int(rb), 1), nil
+}
+
+// createFile makes a new file in Dir named prefix plus a random suffix,
+// reserves total bytes and maps them (shared, populated); on failure no
+// file is left behind. The caller writes its header, magic last.
+func createFile(prefix string, total int) ([]byte, string, error) {
+	var rnd [8]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return nil, "", fmt.Errorf("shm: random name: %w", err)
 	}
-	path := filepath.Join(Dir, prefix+hex.EncodeToString(rnd[:8]))
+	path := filepath.Join(Dir, prefix+hex.EncodeToString(rnd[:]))
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, "", fmt.Errorf("shm: create: %w", err)
 	}
 	defer f.Close()
-	total := headerSize + 2*ringBytes
 	// fallocate, not ftruncate: a tmpfs without room must fail now, not
 	// raise SIGBUS when a page is first touched.
 	if err := syscall.Fallocate(int(f.Fd()), 0, 0, int64(total)); err != nil {
@@ -175,16 +207,13 @@ func Create(prefix string, ringBytes int) (*Pair, string, error) {
 		_ = os.Remove(path)
 		return nil, "", fmt.Errorf("shm: mmap: %w", err)
 	}
-	binary.LittleEndian.PutUint64(mem[8:], uint64(ringBytes))
-	// The stamps' key (stamp.go).
-	copy(mem[offKey:offKey+8], rnd[8:])
-	atomic.StoreUint64((*uint64)(unsafe.Pointer(&mem[0])), magic) // last: Open checks it
-	return newPair(mem, ringBytes, 0), path, nil
+	return mem, path, nil
 }
 
-// Open maps a pair file made by Create, as the "upper" side (writes ring 1,
-// reads ring 0).
-func Open(path string) (*Pair, error) {
+// mapFile maps the whole of a file made by createFile (shared,
+// populated), refusing one of fewer than least bytes; the caller checks
+// its header.
+func mapFile(path string, least int) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return nil, fmt.Errorf("shm: open: %w", err)
@@ -194,19 +223,14 @@ func Open(path string) (*Pair, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: stat: %w", err)
 	}
-	if st.Size() < headerSize {
+	if st.Size() < int64(least) {
 		return nil, fmt.Errorf("shm: %s is %d bytes, too small", path, st.Size())
 	}
 	mem, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("shm: mmap: %w", err)
 	}
-	rb := binary.LittleEndian.Uint64(mem[8:])
-	if atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[0]))) != magic || rb == 0 || rb&(rb-1) != 0 || int64(headerSize+2*rb) != st.Size() {
-		_ = syscall.Munmap(mem)
-		return nil, fmt.Errorf("shm: %s is not a gocoll pair file", path)
-	}
-	return newPair(mem, int(rb), 1), nil
+	return mem, nil
 }
 
 // Unlink removes the pair file's name; the mappings stay valid.
