@@ -6,21 +6,23 @@ import (
 	"runtime"
 
 	"github.com/gocoll/gocoll/backend"
-	"github.com/gocoll/gocoll/internal/coll"
 	"github.com/gocoll/gocoll/internal/reduce"
 	"github.com/gocoll/gocoll/internal/tcpmesh"
 	"github.com/gocoll/gocoll/tensor"
 )
 
-// The deferred lane op: a flat allreduce over the board (lanes.go,
-// flatFor) issued while nothing else is queued and no lane op is in
-// flight is not made a job and queued; the Backend keeps it in one slot
+// The deferred lane op: a lane allreduce of one buffer of at most
+// slabBytes (over the board, the flat lanes or recursive doubling, as
+// laneAlgo picks) issued while nothing else is queued and no lane op is
+// in flight is not made a job and queued; the Backend keeps it in one slot
 // (dOp), and its Wait runs it on the caller's goroutine with none of the
 // job's machinery (the job and its context from the pool, the queue's two
 // locks, the ticket's turn and its lock, the run's references). At 4
 // ranks on 2 cores and 8 B that machinery was about 0.25-0.3 µs of the
 // op's ~1.6 µs of CPU per rank, which the CPU the ranks share pays three
-// times per op (docs/perf.md, issue 17, ninth pass).
+// times per op (docs/perf.md, issue 17, ninth pass). At 2 ranks, in a
+// loop that waits for each op before the next (MPI_Allreduce's), it took
+// 8 B from 1.44-1.50 to 1.24-1.36 µs (docs/perf.md, issue 17, tenth pass).
 //
 // Anything else that would run first or alongside takes it out of the
 // slot (flushDeferred: it becomes a job in the queue, ahead of what comes
@@ -45,13 +47,13 @@ type deferredOp struct {
 	lo      laneOp // the run's view of the lanes
 }
 
-// deferLane is collectiveLane for a flat board allreduce of one buffer,
+// deferLane is collectiveLane for a small lane allreduce of one buffer,
 // with b.mu held: it reports whether the op went into the slot (then h is
 // its Work and b.mu is released), or must take the queue (b.mu still
 // held). The slot is free (dBusy) once whoever took its last op is done
 // with it.
 func (b *Backend) deferLane(ctx context.Context, op backend.Op, m backend.Meta, fp tcpmesh.Fingerprint, outputs []*tensor.Tensor, buf []byte, k reduce.Kernel) (*work, bool) {
-	if !b.board || !b.flatFor(len(buf)) || b.q.nudge == nil || b.q.n.Load() != 0 || b.laneDone.Load() != b.laneIssued ||
+	if len(buf) > slabBytes || b.q.nudge == nil || b.q.n.Load() != 0 || b.laneDone.Load() != b.laneIssued ||
 		!b.dBusy.CompareAndSwap(false, true) {
 		return nil, false
 	}
@@ -111,7 +113,7 @@ func (b *Backend) runDeferred() {
 	if d.k.Pre != nil {
 		d.k.Pre(d.buf)
 	}
-	err := coll.AllreduceBoard(&d.jc, &d.lo, d.buf, d.k)
+	err := b.laneAlgo(&d.jc, &d.lo, d.buf, d.k)
 	if err == nil {
 		b.post(d.k, d.buf, b.cfg.WorldSize)
 	}

@@ -239,20 +239,7 @@ func (b *Backend) flatFor(n int) bool {
 // runAllreduceLanes is the run of a lane allreduce of bufs with k.
 func (b *Backend) runAllreduceLanes(ctx context.Context, lo *laneOp, bufs [][]byte, k reduce.Kernel) error {
 	buf := combineLocal(k, bufs, 0)
-	var err error
-	if b.flatFor(len(buf)) && b.board {
-		err = coll.AllreduceBoard(ctx, lo, buf, k)
-	} else if b.flatFor(len(buf)) {
-		if len(b.scratch) < len(buf) {
-			b.scratch = make([]byte, flatBytes)
-		}
-		err = coll.AllreduceLanesFlat(ctx, lo, buf, k, b.scratch)
-	} else if b.rsagFor(len(buf), k.ElemSize) {
-		err = coll.AllreduceLanesRSAG(ctx, lo, buf, k)
-	} else {
-		err = coll.AllreduceLanes(ctx, lo, buf, k)
-	}
-	if err != nil {
+	if err := b.laneAlgo(ctx, lo, buf, k); err != nil {
 		return err
 	}
 	b.post(k, buf, b.cfg.WorldSize*len(bufs))
@@ -260,6 +247,25 @@ func (b *Backend) runAllreduceLanes(ctx context.Context, lo *laneOp, bufs [][]by
 		copy(o, buf)
 	}
 	return nil
+}
+
+// laneAlgo runs the lane allreduce of buf (its local part combined,
+// its pre-scaling done) with the algorithm its size and the group take;
+// the lane op's turn and the lanes' hold are the caller's.
+func (b *Backend) laneAlgo(ctx context.Context, lo *laneOp, buf []byte, k reduce.Kernel) error {
+	switch {
+	case b.flatFor(len(buf)) && b.board:
+		return coll.AllreduceBoard(ctx, lo, buf, k)
+	case b.flatFor(len(buf)):
+		if len(b.scratch) < len(buf) {
+			b.scratch = make([]byte, flatBytes)
+		}
+		return coll.AllreduceLanesFlat(ctx, lo, buf, k, b.scratch)
+	case b.rsagFor(len(buf), k.ElemSize):
+		return coll.AllreduceLanesRSAG(ctx, lo, buf, k)
+	default:
+		return coll.AllreduceLanes(ctx, lo, buf, k)
+	}
 }
 
 // allreduceDirect issues an allreduce that reads its peers' buffers in

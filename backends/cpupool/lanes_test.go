@@ -445,31 +445,83 @@ func TestDirectRawLanesPeerDeath(t *testing.T) {
 	}
 }
 
-// TestDeferredLaneOps: flat board allreduces issued with nothing else in
+// TestDeferredLaneOps: small lane allreduces issued with nothing else in
 // flight wait in the Backend's slot and run on their Wait (the counter
-// shows it); one that nobody waits for is run by a worker after the
+// shows it), whichever algorithm laneAlgo picks (the board at 4 ranks with
+// flat lanes, recursive doubling at 2 and 3 ranks, the largest size the
+// slot takes); one that nobody waits for is run by a worker after the
 // nudge (polled with IsCompleted only); ops issued back to back before
 // any Wait, and a broadcast issued behind one, run in issue order with
 // the right sums.
 func TestDeferredLaneOps(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		n     int
+		flat  bool
+		elems int
+	}{
+		{"board/4 ranks", 4, true, 1},
+		{"recursive doubling/2 ranks", 2, false, 1},
+		{"recursive doubling/3 ranks", 3, false, 1},
+		{"recursive doubling/2 ranks/4 KiB", 2, false, 1024},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testDeferredLaneOps(t, tc.n, tc.flat, tc.elems) })
+	}
+}
+
+func testDeferredLaneOps(t *testing.T, n int, flat bool, elems int) {
 	ctx := context.Background()
-	const n = 4
 	bs := group(t, n, &cpupool.Options{Transport: "shm"})
 	for _, b := range bs {
-		cpupool.SetFlatLanes(b, true)
-	}
-	meta := backend.Meta{Timeout: 15 * time.Second}
-	sum := float32(n * (n - 1) / 2)
-	// Issued and waited at once: the slot's path.
-	checkUsable(ctx, t, bs, meta)
-	for r, b := range bs {
-		if cpupool.DeferredRuns(b) == 0 {
-			t.Fatalf("rank %d: no op ran from the slot", r)
+		cpupool.SetFlatLanes(b, flat)
+		if flat && !cpupool.HasBoard(b) {
+			t.Fatal("flat lanes without a board: the case would not run the algorithm it names")
 		}
 	}
+	meta := backend.Meta{Timeout: 15 * time.Second}
+	sum := float64(n * (n - 1) / 2)
+	fill := func(v float32) *tensor.Tensor {
+		xs := make([]float32, elems)
+		for i := range xs {
+			xs[i] = v + float32(i)
+		}
+		x, _ := tensor.FromSlice(xs)
+		return x
+	}
+	check := func(x *tensor.Tensor, want float64) error {
+		for i := range elems {
+			if got, w := x.At(i), want+float64(n*i); got != w {
+				return fmt.Errorf("element %d: %v, want %v", i, got, w)
+			}
+		}
+		return nil
+	}
+	// Issued and waited at once: the slot's path. A worker that wakes
+	// between the issue and the Wait takes the op to the queue, so the
+	// count is asked of 20 ops, not of each.
+	each(t, bs, func(r int, b backend.Backend) error {
+		before := cpupool.DeferredRuns(b)
+		for range 20 {
+			x := fill(float32(r))
+			w, err := b.Allreduce(ctx, meta, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+			if err != nil {
+				return err
+			}
+			if err := w.Wait(ctx); err != nil {
+				return err
+			}
+			if err := check(x, sum); err != nil {
+				return err
+			}
+		}
+		if cpupool.DeferredRuns(b) == before {
+			return fmt.Errorf("rank %d: no op ran from the slot", r)
+		}
+		return nil
+	})
 	// Nobody waits: only IsCompleted is asked.
 	each(t, bs, func(r int, b backend.Backend) error {
-		x, _ := tensor.FromSlice([]float32{float32(r)})
+		x := fill(float32(r))
 		w, err := b.Allreduce(ctx, meta, []*tensor.Tensor{x}, backend.AllreduceOptions{})
 		if err != nil {
 			return err
@@ -482,17 +534,15 @@ func TestDeferredLaneOps(t *testing.T) {
 		if err := w.Exception(); err != nil {
 			return err
 		}
-		if got := x.At(0); got != float64(sum) {
-			return fmt.Errorf("rank %d: %v, want %v", r, got, sum)
-		}
-		return nil
+		return check(x, sum)
 	})
 	// Back to back, then a broadcast behind the last one.
+	root := n - 1
 	each(t, bs, func(r int, b backend.Backend) error {
 		xs := make([]*tensor.Tensor, 5)
 		ws := make([]backend.Work, 0, 6)
 		for k := range xs {
-			xs[k], _ = tensor.FromSlice([]float32{float32(r + k)})
+			xs[k] = fill(float32(r + k))
 			w, err := b.Allreduce(ctx, meta, xs[k:k+1], backend.AllreduceOptions{})
 			if err != nil {
 				return err
@@ -500,7 +550,7 @@ func TestDeferredLaneOps(t *testing.T) {
 			ws = append(ws, w)
 		}
 		y, _ := tensor.FromSlice([]float32{float32(r + 100)})
-		w, err := b.Broadcast(ctx, meta, []*tensor.Tensor{y}, backend.BroadcastOptions{RootRank: 2})
+		w, err := b.Broadcast(ctx, meta, []*tensor.Tensor{y}, backend.BroadcastOptions{RootRank: root})
 		if err != nil {
 			return err
 		}
@@ -511,12 +561,12 @@ func TestDeferredLaneOps(t *testing.T) {
 			}
 		}
 		for k, x := range xs {
-			if got, want := x.At(0), float64(sum)+float64(n*k); got != want {
-				return fmt.Errorf("rank %d op %d: %v, want %v", r, k, got, want)
+			if err := check(x, sum+float64(n*k)); err != nil {
+				return fmt.Errorf("rank %d op %d: %w", r, k, err)
 			}
 		}
-		if got := y.At(0); got != 102 {
-			return fmt.Errorf("rank %d: broadcast %v, want 102", r, got)
+		if got, want := y.At(0), float64(root+100); got != want {
+			return fmt.Errorf("rank %d: broadcast %v, want %v", r, got, want)
 		}
 		return nil
 	})
