@@ -184,13 +184,10 @@ type Backend struct {
 	laneSkip   map[uint64]bool
 	laneWake   chan struct{}
 
-	// The deferred lane op (deferred.go): dW is its Work while it waits
-	// in the slot, dOp what it needs (owned by whoever swapped dW out),
-	// dBusy says the slot is in use, dRuns counts the ops run from it
-	// (the nudge's sign of progress).
-	dW    atomic.Pointer[work]
-	dBusy atomic.Bool
-	dOp   deferredOp
+	// The deferred lane ops (deferred.go): dq holds them until a Wait
+	// or a flush takes them; dRuns counts the ops run from it (the
+	// nudge's sign of progress).
+	dq    deferRing
 	dRuns atomic.Uint64
 
 	// wd decides what a timed-out op leads to (the dump, once per backend:

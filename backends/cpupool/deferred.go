@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/reduce"
@@ -11,28 +13,49 @@ import (
 	"github.com/gocoll/gocoll/tensor"
 )
 
-// The deferred lane op: a lane allreduce of one buffer of at most
+// The deferred lane ops: a lane allreduce of one buffer of at most
 // slabBytes (over the board, the flat lanes or recursive doubling, as
-// laneAlgo picks) issued while nothing else is queued and no lane op is
-// in flight is not made a job and queued; the Backend keeps it in one slot
-// (dOp), and its Wait runs it on the caller's goroutine with none of the
-// job's machinery (the job and its context from the pool, the queue's two
-// locks, the ticket's turn and its lock, the run's references). At 4
-// ranks on 2 cores and 8 B that machinery was about 0.25-0.3 µs of the
-// op's ~1.6 µs of CPU per rank, which the CPU the ranks share pays three
-// times per op (docs/perf.md, issue 17, ninth pass). At 2 ranks, in a
-// loop that waits for each op before the next (MPI_Allreduce's), it took
-// 8 B from 1.44-1.50 to 1.24-1.36 µs (docs/perf.md, issue 17, tenth pass).
+// laneAlgo picks) issued while nothing is queued and every lane op in
+// flight is itself deferred (none queued or running) is not made a job
+// and queued; the Backend keeps it in a ring of deferSlots (dq), and its
+// Wait runs it, and the deferred ops issued before it, on the caller's
+// goroutine with none of the job's machinery (the job and its context
+// from the pool, the queue's two locks, the ticket's lock, the run's
+// references). At 4 ranks on 2 cores and 8 B that machinery was about
+// 0.25-0.3 µs of the op's ~1.6 µs of CPU per rank, which the CPU the
+// ranks share pays three times per op (docs/perf.md, issue 17, ninth
+// pass). A ring rather than one slot: a loop that keeps several ops in
+// flight (conftest bench keeps up to four) finds the one op before it
+// still waiting at every issue, and a single slot then sent every op to
+// the queue (docs/perf.md, issue 17, tenth pass).
 //
-// Anything else that would run first or alongside takes it out of the
-// slot (flushDeferred: it becomes a job in the queue, ahead of what comes
-// next, in its issue order): a push of any op (queue.push), a worker that
-// finds the queue empty (queue.pop), the nudge when nobody has taken a
-// job or run such an op for a period (queue.nudged), Close (queue.close).
-// dW holds the op's Work while it waits in the slot; whoever swaps it out
-// owns the op, and frees the slot (dBusy) once done with its fields.
+// Anything else that would run first or alongside takes them out of the
+// ring (flushDeferred: each becomes a job in the queue, oldest first,
+// ahead of what comes next): a push of any op (queue.push), a worker
+// that finds the queue empty (queue.pop), the nudge when nobody has
+// taken a job or run such an op for a period (queue.nudged), Close
+// (queue.close). dq.mu guards the ring; whoever takes an op out of it
+// (under dq.mu, clearing its Work's inRing) owns it.
 
-// deferredOp is the op in the slot: what its run (or its job) needs.
+// deferSlots is the ring's size: ops in flight that a loop may keep
+// deferred. More go to the queue.
+const deferSlots = 8
+
+// deferRing holds the deferred lane ops, oldest at head.
+type deferRing struct {
+	mu   sync.Mutex
+	ops  [deferSlots]deferredOp
+	head int // the oldest op waiting
+	n    int // ops waiting, from head on
+	// busy counts the ops a Wait took and has not finished: they keep
+	// their slots (before head) until then. An op is deferred only while
+	// busy is 0, so those slots are never handed out again early.
+	busy int
+	// waiting is n, for the looks that take no lock.
+	waiting atomic.Int32
+}
+
+// deferredOp is an op in the ring: what its run (or its job) needs.
 type deferredOp struct {
 	h       *work
 	ctx     context.Context
@@ -48,17 +71,23 @@ type deferredOp struct {
 }
 
 // deferLane is collectiveLane for a small lane allreduce of one buffer,
-// with b.mu held: it reports whether the op went into the slot (then h is
+// with b.mu held: it reports whether the op went into the ring (then h is
 // its Work and b.mu is released), or must take the queue (b.mu still
-// held). The slot is free (dBusy) once whoever took its last op is done
-// with it.
+// held).
 func (b *Backend) deferLane(ctx context.Context, op backend.Op, m backend.Meta, fp tcpmesh.Fingerprint, outputs []*tensor.Tensor, buf []byte, k reduce.Kernel) (*work, bool) {
-	if len(buf) > slabBytes || b.q.nudge == nil || b.q.n.Load() != 0 || b.laneDone.Load() != b.laneIssued ||
-		!b.dBusy.CompareAndSwap(false, true) {
+	if len(buf) > slabBytes || b.q.nudge == nil || b.q.n.Load() != 0 {
+		return nil, false
+	}
+	r := &b.dq
+	r.mu.Lock()
+	// Every lane op in flight waits in the ring: this one's turn comes
+	// right after theirs.
+	if r.busy != 0 || r.n == deferSlots || b.laneIssued-b.laneDone.Load() != uint64(r.n) {
+		r.mu.Unlock()
 		return nil, false
 	}
 	h := b.works.get()
-	d := &b.dOp
+	d := &r.ops[(r.head+r.n)%deferSlots]
 	d.h, d.ctx, d.m, d.outputs, d.buf, d.k, d.fp = h, ctx, m, outputs, buf, k, fp
 	d.tag = b.issued.Add(1)
 	d.ticket = b.laneIssued
@@ -72,55 +101,84 @@ func (b *Backend) deferLane(ctx context.Context, op backend.Op, m backend.Meta, 
 		h.deadline = issued + m.Timeout
 	}
 	h.Init(m.Seq, true, h) // refs 0: no job (work.acquire fails)
+	h.inRing.Store(true)
 	b.trackLocked(h)
-	b.dW.Store(h) // publishes the slot: whoever swaps it out owns the op
+	r.n++
+	r.waiting.Store(int32(r.n))
+	r.mu.Unlock()
 	b.mu.Unlock()
 	b.q.armDeferred()
 	return h, true
 }
 
-// takeDeferred runs w's op on this goroutine if it is in the slot, and
-// reports whether it did.
+// takeDeferred runs w's op on this goroutine, after the deferred ops
+// issued before it, if it waits in the ring, and reports whether it did.
 func (b *Backend) takeDeferred(w *work) bool {
-	if b.dW.Load() != w || !b.dW.CompareAndSwap(w, nil) {
+	if !w.inRing.Load() {
 		return false
 	}
-	b.runDeferred()
+	r := &b.dq
+	r.mu.Lock()
+	cnt := 0
+	for i := range r.n {
+		if r.ops[(r.head+i)%deferSlots].h == w {
+			cnt = i + 1
+			break
+		}
+	}
+	if cnt == 0 {
+		r.mu.Unlock()
+		return false
+	}
+	start := r.head
+	for i := range cnt {
+		r.ops[(start+i)%deferSlots].h.inRing.Store(false)
+	}
+	r.head = (r.head + cnt) % deferSlots
+	r.n -= cnt
+	r.busy += cnt
+	r.waiting.Store(int32(r.n))
+	r.mu.Unlock()
+	for i := range cnt {
+		b.runDeferred(&r.ops[(start+i)%deferSlots])
+	}
 	return true
 }
 
-// awaitJob waits, for a Wait that found w's op gone from the slot, until
+// awaitJob waits, for a Wait that found w's op gone from the ring, until
 // it is either complete or a job (a flush gives it one within a few
-// instructions); it returns at once while the op is still in the slot.
+// instructions); it returns at once while the op is still in the ring.
 func (b *Backend) awaitJob(w *work) {
-	for b.dW.Load() != w && !w.IsCompleted() && w.refs.Load() == 0 {
+	for !w.inRing.Load() && !w.IsCompleted() && w.refs.Load() == 0 {
 		runtime.Gosched()
 	}
 }
 
-// runDeferred runs the op taken from the slot. It is runJob and runLane
-// for it: its turn is now (no lane op was in flight or queued at its
-// issue, and every later one waits for it), and it runs under the lanes'
-// hold.
-func (b *Backend) runDeferred() {
-	d := &b.dOp
+// runDeferred runs the op d, taken from the ring. It is runJob and
+// runLane for it: it waits for its turn (a Wait on another goroutine may
+// be running the ops before it), and it runs under the lanes' hold.
+func (b *Backend) runDeferred(d *deferredOp) {
 	h := d.h
 	d.jc = jobCtx{}
 	d.jc.init(d.ctx, d.m.Timeout, d.m.Issued)
 	h.MarkStarted()
-	b.mesh.HoldLanes()
-	d.lo = laneOp{b: b, tag: d.tag, fp: d.fp}
-	if d.k.Pre != nil {
-		d.k.Pre(d.buf)
+	err := b.laneTurn(&d.jc, d.ticket)
+	turned := err == nil // else laneTurn gave the turn up
+	if turned {
+		b.mesh.HoldLanes()
+		d.lo = laneOp{b: b, tag: d.tag, fp: d.fp}
+		if d.k.Pre != nil {
+			d.k.Pre(d.buf)
+		}
+		err = b.laneAlgo(&d.jc, &d.lo, d.buf, d.k)
+		if err == nil {
+			b.post(d.k, d.buf, b.cfg.WorldSize)
+		}
+		b.mesh.ReleaseLanes()
 	}
-	err := b.laneAlgo(&d.jc, &d.lo, d.buf, d.k)
-	if err == nil {
-		b.post(d.k, d.buf, b.cfg.WorldSize)
-	}
-	b.mesh.ReleaseLanes()
 	if err != nil {
 		// As runJob's: a job is made for the error's words only.
-		// Its context is its own (the slot's is reused): how the run's
+		// Its context is its own (the ring slot's is reused): how the run's
 		// ended, carried over.
 		j := &job{op: h.op, seq: d.m.Seq, tag: d.tag, peer: -1, timeout: d.m.Timeout, h: h, w: &h.HostWork, lane: true, fp: d.fp}
 		j.jc.init(d.ctx, d.m.Timeout, d.m.Issued)
@@ -137,20 +195,36 @@ func (b *Backend) runDeferred() {
 	d.jc.cancel() // its timer, if a Done made one
 	*d = deferredOp{}
 	b.dRuns.Add(1)
-	b.laneEnd()
-	b.dBusy.Store(false)
+	if turned {
+		b.laneEnd()
+	}
+	b.dq.mu.Lock()
+	b.dq.busy--
+	b.dq.mu.Unlock()
 	h.Complete(outputs, err)
+	// A flush may have queued the ops behind this one while it ran, and
+	// the Waits for them, finding their turn not come, left them to the
+	// goroutine running the op before (help): this one, which returns to
+	// its caller, so a worker takes them.
+	b.q.kickReady()
 }
 
-// flushDeferred makes the op in the slot, if nobody has taken it, a job
+// flushDeferred makes the oldest op waiting in the ring, if any, a job
 // and returns it for the caller to queue ahead of what it queues; q.mu is
-// held.
+// held. Called until it returns nil, it empties the ring in issue order.
 func (b *Backend) flushDeferred() *job {
-	h := b.dW.Load()
-	if h == nil || !b.dW.CompareAndSwap(h, nil) {
+	r := &b.dq
+	if r.waiting.Load() == 0 {
 		return nil
 	}
-	d := &b.dOp
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == 0 {
+		return nil
+	}
+	d := &r.ops[r.head]
+	h := d.h
+	h.inRing.Store(false)
 	j := b.jobs.get()
 	j.op, j.seq, j.peer, j.timeout, j.outputs = h.op, d.m.Seq, -1, d.m.Timeout, d.outputs
 	j.jc.init(d.ctx, d.m.Timeout, d.m.Issued)
@@ -162,6 +236,8 @@ func (b *Backend) flushDeferred() *job {
 	h.j = j
 	h.refs.Store(1) // the run's; publishes h.j to acquire
 	*d = deferredOp{}
-	b.dBusy.Store(false)
+	r.head = (r.head + 1) % deferSlots
+	r.n--
+	r.waiting.Store(int32(r.n))
 	return j
 }

@@ -397,6 +397,20 @@ func (q *queue) takeLane(t uint64, inline func(*job) bool) *job {
 	return q.popHeadLocked()
 }
 
+// kickReady wakes a parked worker if the head job is ready now, whether
+// or not a goroutine waits for it (kick's rule): after a deferred op,
+// whose runner returns to its caller rather than run the ops behind.
+func (q *queue) kickReady() {
+	if q.n.Load() == 0 {
+		return
+	}
+	q.mu.Lock()
+	if q.closed == nil && q.head < len(q.items) && q.idle > 0 && q.headReady() {
+		q.cond.Signal()
+	}
+	q.mu.Unlock()
+}
+
 // kick wakes a parked worker if the head job is ready now and wants one:
 // a lane op only when a goroutine waits for it (help marks it), since
 // else its caller runs it when it waits, and a worker woken for it would

@@ -446,12 +446,14 @@ func TestDirectRawLanesPeerDeath(t *testing.T) {
 }
 
 // TestDeferredLaneOps: small lane allreduces issued with nothing else in
-// flight wait in the Backend's slot and run on their Wait (the counter
+// flight wait in the Backend's ring and run on their Wait (the counter
 // shows it), whichever algorithm laneAlgo picks (the board at 4 ranks with
 // flat lanes, recursive doubling at 2 and 3 ranks, the largest size the
-// slot takes); one that nobody waits for is run by a worker after the
-// nudge (polled with IsCompleted only); ops issued back to back before
-// any Wait, and a broadcast issued behind one, run in issue order with
+// ring takes); one that nobody waits for is run by a worker after the
+// nudge (polled with IsCompleted only); a window of five in flight runs
+// from the ring, the Wait of a later one running the earlier ones, also
+// with Waits on two goroutines at once; ops issued back to back before
+// any Wait, and a broadcast issued behind them, run in issue order with
 // the right sums.
 func TestDeferredLaneOps(t *testing.T) {
 	for _, tc := range []struct {
@@ -535,6 +537,60 @@ func testDeferredLaneOps(t *testing.T, n int, flat bool, elems int) {
 			return err
 		}
 		return check(x, sum)
+	})
+	// A window of ops in flight, as a pipelined loop keeps them: the Wait
+	// of the third runs the first three from the ring, in issue order.
+	// Then the same with Waits on two goroutines at once (two takers,
+	// whose batches run in their turns).
+	each(t, bs, func(r int, b backend.Backend) error {
+		batched := false
+		for it := range 20 {
+			xs := make([]*tensor.Tensor, 5)
+			ws := make([]backend.Work, 5)
+			for k := range xs {
+				xs[k] = fill(float32(r + k))
+				var err error
+				if ws[k], err = b.Allreduce(ctx, meta, xs[k:k+1], backend.AllreduceOptions{}); err != nil {
+					return err
+				}
+			}
+			before := cpupool.DeferredRuns(b)
+			if it%2 == 0 {
+				if err := ws[2].Wait(ctx); err != nil {
+					return err
+				}
+				batched = batched || cpupool.DeferredRuns(b)-before >= 3
+				for _, k := range []int{4, 0, 3, 1} {
+					if err := ws[k].Wait(ctx); err != nil {
+						return err
+					}
+				}
+			} else {
+				errs := make(chan error, 2)
+				for _, k := range []int{1, 4} {
+					go func() { errs <- ws[k].Wait(ctx) }()
+				}
+				for range 2 {
+					if err := <-errs; err != nil {
+						return err
+					}
+				}
+				for _, w := range ws {
+					if err := w.Wait(ctx); err != nil {
+						return err
+					}
+				}
+			}
+			for k, x := range xs {
+				if err := check(x, sum+float64(n*k)); err != nil {
+					return fmt.Errorf("rank %d window op %d: %w", r, k, err)
+				}
+			}
+		}
+		if !batched {
+			return fmt.Errorf("rank %d: no Wait ran three ops from the ring in 10 windows", r)
+		}
+		return nil
 	})
 	// Back to back, then a broadcast behind the last one.
 	root := n - 1

@@ -53,9 +53,9 @@ type queue struct {
 	// ready, when set, says whether a job at the head may be popped now
 	// (a lane op only in its turn: lanes.go); others wait behind it.
 	ready func(*job) bool
-	// owner, when set, holds the deferred lane op (deferred.go), which
+	// owner, when set, holds the deferred lane ops (deferred.go), which
 	// every push, an idle worker's pop, the nudge and close take out of
-	// its slot into the queue first; armedA is armed, for its look
+	// its ring into the queue first; armedA is armed, for its look
 	// without mu (armDeferred).
 	owner  *Backend
 	armedA atomic.Bool
@@ -92,13 +92,19 @@ func (q *queue) nudged() {
 		return
 	}
 	// Nobody took a job or ran a deferred op for a period: the deferred
-	// op, if any, goes to the queue, and a worker is woken.
+	// ops, if any, go to the queue, and a worker is woken. The timer is
+	// set again while jobs wait: the worker finds the head's turn not
+	// come when a Wait is running the lane op before it, and the runner
+	// kicks a worker only for a head job that somebody waits for (kick).
 	q.flushLocked()
 	q.period = q.lazy
 	q.cond.Signal()
+	if q.head != len(q.items) {
+		q.armLocked()
+	}
 }
 
-// progress counts what left the queue or the deferred slot by being run;
+// progress counts what left the queue or the deferred ring by being run;
 // q.mu is held.
 func (q *queue) progress() uint64 {
 	if q.owner == nil {
@@ -107,16 +113,16 @@ func (q *queue) progress() uint64 {
 	return q.pops + q.owner.dRuns.Load()
 }
 
-// deferredPending reports whether a deferred lane op waits in its slot.
-func (q *queue) deferredPending() bool { return q.owner != nil && q.owner.dW.Load() != nil }
+// deferredPending reports whether a deferred lane op waits in the ring.
+func (q *queue) deferredPending() bool { return q.owner != nil && q.owner.dq.waiting.Load() != 0 }
 
-// flushLocked appends the deferred lane op, if one waits in its slot, to
+// flushLocked appends the deferred lane ops waiting in the ring, oldest first, to
 // the queue, ahead of whatever is queued after; q.mu is held.
 func (q *queue) flushLocked() {
 	if q.owner == nil {
 		return
 	}
-	if j := q.owner.flushDeferred(); j != nil {
+	for j := q.owner.flushDeferred(); j != nil; j = q.owner.flushDeferred() {
 		q.items = append(q.items, j)
 		q.n.Add(1)
 	}

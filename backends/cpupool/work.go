@@ -49,9 +49,12 @@ type work struct {
 	// its own Add, which the run's precedes, so a plain field will do
 	// (one locked instruction fewer per op than an atomic store).
 	reuse bool
-	// deferred says the op was issued into the Backend's slot
+	// deferred says the op was issued into the Backend's ring
 	// (deferred.go): its Wait may run it from there. Written at issue.
 	deferred bool
+	// inRing says the op waits in the ring: set at issue, cleared under
+	// the ring's lock by whoever takes it out.
+	inRing atomic.Bool
 }
 
 // acquire takes a reference to the job, unless the op has completed (a
@@ -105,7 +108,7 @@ func (w *work) Wait(ctx context.Context) error {
 func (w *work) WaitHost(ctx context.Context) error {
 	start := backend.Mono()
 	if w.deferred && !w.IsCompleted() {
-		// Run from the slot only by a wait that outlasts the op's
+		// Run from the ring only by a wait that outlasts the op's
 		// deadline (outlasts' rule).
 		if dl, ok := ctx.Deadline(); ctx.Done() == nil || (ok && w.deadline != 0 && backend.MonoOf(dl) >= w.deadline) {
 			if w.b.takeDeferred(w) {
