@@ -11,4 +11,3 @@ func HasBoard(b backend.Backend) bool { return b.(*Backend).board }
 
 // DeferredRuns is how many ops b's Waits ran from its deferred slot.
 func DeferredRuns(b backend.Backend) uint64 { return b.(*Backend).dRuns.Load() }
-

@@ -498,7 +498,7 @@ func testDeferredLaneOps(t *testing.T, n int, flat bool, elems int) {
 		}
 		return nil
 	}
-	// Issued and waited at once: the slot's path. A worker that wakes
+	// Issued and waited at once: the ring's path. A worker that wakes
 	// between the issue and the Wait takes the op to the queue, so the
 	// count is asked of 20 ops, not of each.
 	each(t, bs, func(r int, b backend.Backend) error {
@@ -517,7 +517,7 @@ func testDeferredLaneOps(t *testing.T, n int, flat bool, elems int) {
 			}
 		}
 		if cpupool.DeferredRuns(b) == before {
-			return fmt.Errorf("rank %d: no op ran from the slot", r)
+			return fmt.Errorf("rank %d: no op ran from the ring", r)
 		}
 		return nil
 	})
@@ -628,7 +628,7 @@ func testDeferredLaneOps(t *testing.T, n int, flat bool, elems int) {
 	})
 }
 
-// TestDeferredAbort: an op waiting in the deferred slot when its rank
+// TestDeferredAbort: an op waiting in the deferred ring when its rank
 // aborts fails with ErrAborted, and a later op is refused.
 func TestDeferredAbort(t *testing.T) {
 	ctx := context.Background()
