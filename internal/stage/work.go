@@ -76,8 +76,10 @@ func (w *work) finish(copyErr error) {
 		w.fut.Complete(nil, err)
 	}
 	derr := w.st.WaitDone(context.Background())
-	w.fut.Complete(w.outputs, derr)
+	// Freed before the completion: once a WaitHost returns, the op holds
+	// nothing (the device is done with the stash by now).
 	w.st.Free()
+	w.fut.Complete(w.outputs, derr)
 	w.b.mu.Lock()
 	w.b.liveLocked()
 	w.b.mu.Unlock()
