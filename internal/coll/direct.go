@@ -22,6 +22,15 @@ const (
 	// readers start early (and read it while it is in the owner's cache),
 	// large enough that the notices cost little.
 	directChunk = 512 << 10
+	// directChunkPair is directChunk between two ranks, each on a core
+	// of its own: both reduce their blocks at once, so the gather gains
+	// little from starting early, and a read of 8 MiB in one
+	// process_vm_readv runs at 10-13.6 GB/s where 512 KiB pieces take
+	// 6.5-8.4 (two processes reading each other at once, this host). At
+	// 2 ranks, 16 MiB took 0.78x the time and 64 MiB 0.88x; at 3 and 4
+	// ranks on 2 cores, where the ranks take turns, it lost
+	// (docs/perf.md, issue 17, tenth pass).
+	directChunkPair = 8 << 20
 	// directChunks bounds the chunks of a block, so that the notices a
 	// rank sends while it reduces, which the others read only when they
 	// gather, always fit in its lanes.
@@ -29,10 +38,14 @@ const (
 )
 
 // directStep is the chunk length of a block of n bytes of elements of
-// elem bytes: a function of n alone, so that every rank cuts every block
-// the same way.
-func directStep(n, elem int) int {
-	step := max(directChunk, (n+directChunks-1)/directChunks)
+// elem bytes in a group of ranks: a function of n and ranks alone, so
+// that every rank cuts every block the same way.
+func directStep(n, elem, ranks int) int {
+	least := directChunk
+	if ranks == 2 {
+		least = directChunkPair
+	}
+	step := max(least, (n+directChunks-1)/directChunks)
 	return step + (elem-step%elem)%elem
 }
 
@@ -73,7 +86,7 @@ func AllreduceDirect(ctx context.Context, t DirectLanes, buf []byte, k reduce.Ke
 	offs := blockOffsets(blocks)
 	piece := len(scratch) - len(scratch)%e
 	blk := blocks[r]
-	step := directStep(len(blk), e)
+	step := directStep(len(blk), e, n)
 	for c := 0; c < len(blk); c += step {
 		end := min(c+step, len(blk))
 		for i := 1; i < n; i++ {
@@ -97,7 +110,7 @@ func AllreduceDirect(ctx context.Context, t DirectLanes, buf []byte, k reduce.Ke
 	for i := 1; i < n; i++ {
 		p := (r + i) % n
 		b := blocks[p]
-		step := directStep(len(b), e)
+		step := directStep(len(b), e, n)
 		for c := 0; c < len(b); c += step {
 			if err := recvNotice(ctx, t, p); err != nil {
 				return err
