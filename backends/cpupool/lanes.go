@@ -397,26 +397,20 @@ func (q *queue) takeLane(t uint64, inline func(*job) bool) *job {
 	return q.popHeadLocked()
 }
 
-// kickReady wakes a parked worker if the head job is ready now, whether
-// or not a goroutine waits for it (kick's rule): after a deferred op,
-// whose runner returns to its caller rather than run the ops behind.
-func (q *queue) kickReady() {
-	if q.n.Load() == 0 {
-		return
-	}
-	q.mu.Lock()
-	if q.closed == nil && q.head < len(q.items) && q.idle > 0 && q.headReady() {
-		q.cond.Signal()
-	}
-	q.mu.Unlock()
-}
-
 // kick wakes a parked worker if the head job is ready now and wants one:
 // a lane op only when a goroutine waits for it (help marks it), since
 // else its caller runs it when it waits, and a worker woken for it would
 // cost a wake-up and race that caller for a core (the nudge wakes one
 // if nobody comes).
-func (q *queue) kick() {
+func (q *queue) kick() { q.wakeHead(false) }
+
+// kickReady wakes a parked worker if the head job is ready now, whether
+// or not a goroutine waits for it: after a deferred op, whose runner
+// returns to its caller rather than run the ops behind.
+func (q *queue) kickReady() { q.wakeHead(true) }
+
+// wakeHead is kick (unwaited false) and kickReady (true).
+func (q *queue) wakeHead(unwaited bool) {
 	if q.n.Load() == 0 {
 		// Nothing queued: a job pushed from now on is push's to wake
 		// for, and one that a waiter pushed before it looked is counted
@@ -425,7 +419,7 @@ func (q *queue) kick() {
 	}
 	q.mu.Lock()
 	if q.closed == nil && q.head < len(q.items) && q.idle > 0 && q.headReady() {
-		if h := q.items[q.head]; !h.lane || h.waited.Load() {
+		if h := q.items[q.head]; unwaited || !h.lane || h.waited.Load() {
 			q.cond.Signal()
 		}
 	}
