@@ -165,6 +165,7 @@ type Backend struct {
 	// contribution; lane ops run one at a time, so one is enough.
 	scratch []byte
 	issued  atomic.Uint64 // collectives issued; the next one's tag is issued+1
+	ended   atomic.Uint64 // collectives run to their end, ok or not (probeValue)
 	q       queue
 	wg      sync.WaitGroup
 
@@ -234,7 +235,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		Rank: cfg.Rank, Size: cfg.WorldSize, Store: cfg.Store, Host: opts.Host,
 		ConnectTimeout: opts.ConnectTimeout, MaxMessage: opts.MaxMessageBytes, Pool: &b.pool,
 		SocketBuffer: opts.SocketBufferBytes,
-		OnProbe:      func() uint64 { return b.issued.Load() },
+		OnProbe:      b.probeValue,
 		Transport:    opts.Transport, ShmRingBytes: opts.ShmRingBytes, PollSpin: opts.PollSpin,
 	})
 	if err != nil {
@@ -459,6 +460,9 @@ func (b *Backend) runJob(j *job) {
 	reuse := err == nil && j.lane && j.laneRun == nil && !j.jc.made.Load()
 	if !reuse {
 		j.cancel()
+	}
+	if j.tag != 0 && j.tag < p2pBit {
+		b.ended.Add(1)
 	}
 	j.w.Complete(j.outputs, err)
 	h.release(reuse) // the run's reference: j is not touched after this

@@ -201,6 +201,7 @@ func (b *Backend) runDeferred(d *deferredOp) {
 	b.dq.mu.Lock()
 	b.dq.busy--
 	b.dq.mu.Unlock()
+	b.ended.Add(1)
 	h.Complete(outputs, err)
 	// A flush may have queued the ops behind this one while it ran, and
 	// the Waits for them, finding their turn not come, left them to the

@@ -80,10 +80,11 @@ func (b *Backend) explainTimeout(e *backend.OpError, j *job) {
 	}
 }
 
-// lateRanks asks every peer how many collectives it has issued; those that
-// have not issued j yet, or have not answered when ctx ends, are late. P2P
-// ops name their peer instead (peer holds it). It returns when ctx ends
-// even if a probe is still stuck (behind a write to its peer, say).
+// lateRanks asks every peer how many collectives it has issued and blames
+// those whose answers (or silence, when ctx ends) make them late for j
+// (see blame). P2P ops name their peer instead (peer holds it). It returns
+// when ctx ends even if a probe is still stuck (behind a write to its
+// peer, say).
 func (b *Backend) lateRanks(ctx context.Context, j *job) []int {
 	if j.tag == 0 || j.tag >= p2pBit {
 		if j.tag >= p2pBit && j.peer >= 0 {
@@ -93,44 +94,86 @@ func (b *Backend) lateRanks(ctx context.Context, j *job) []int {
 	}
 	type answer struct {
 		peer int
-		late bool
+		st   peerState
 	}
 	answers := make(chan answer, b.cfg.WorldSize)
-	late := make([]bool, b.cfg.WorldSize)
+	states := make([]peerState, b.cfg.WorldSize)
+	states[b.cfg.Rank] = peerState{answered: true, issued: j.tag}
 	asked := 0
 	for p := range b.cfg.WorldSize {
 		if p == b.cfg.Rank {
 			continue
 		}
-		late[p] = true // until it answers
 		asked++
 		go func() {
-			n, err := b.mesh.Probe(ctx, p)
-			answers <- answer{p, err != nil || n < j.tag}
+			v, err := b.mesh.Probe(ctx, p)
+			answers <- answer{p, peerState{answered: err == nil, issued: v &^ probeBusy, busy: v&probeBusy != 0}}
 		}()
 	}
 wait:
 	for range asked {
 		select {
 		case a := <-answers:
-			late[a.peer] = a.late
+			states[a.peer] = a.st
 		case <-ctx.Done():
-			// Time is up: take the answers already in; the rest stay late.
+			// Time is up: take the answers already in; the rest stay
+			// unanswered.
 			for {
 				select {
 				case a := <-answers:
-					late[a.peer] = a.late
+					states[a.peer] = a.st
 				default:
 					break wait
 				}
 			}
 		}
 	}
-	var out []int
-	for p, l := range late {
-		if l {
-			out = append(out, p)
+	return blame(j.tag, states)
+}
+
+// probeBusy is the bit of a probe's answer that says the peer has a
+// collective of its own in flight; the other bits count the collectives it
+// issued (probeValue).
+const probeBusy = 1 << 63
+
+// probeValue is this rank's answer to a peer's probe.
+func (b *Backend) probeValue() uint64 {
+	// issued first: a collective issued after the load and ended before
+	// the next one cannot make an idle rank look busy.
+	v := b.issued.Load()
+	if b.ended.Load() < v {
+		v |= probeBusy
+	}
+	return v
+}
+
+// peerState is what a probe found out about one rank.
+type peerState struct {
+	answered bool   // it answered in time
+	issued   uint64 // the collectives it issued
+	busy     bool   // one of them has not ended
+}
+
+// blame names the ranks late for the collective tag, from every rank's
+// state: those that did not answer, and those that have not issued it while
+// nothing of their own is in flight (they are elsewhere: computing, hung,
+// or past their last collective). A rank short of tag that waits in an
+// earlier collective is named only when no other rank is: it waits for
+// someone, and that someone is the one to blame. Across a cut link, a rank
+// that ran ahead of a neighbour still stuck in the op before (the cut
+// caught it mid-exchange) must name the far side, not the neighbour.
+func blame(tag uint64, states []peerState) []int {
+	var idle, blocked []int
+	for p, s := range states {
+		switch {
+		case !s.answered || (s.issued < tag && !s.busy):
+			idle = append(idle, p)
+		case s.issued < tag:
+			blocked = append(blocked, p)
 		}
 	}
-	return out
+	if len(idle) > 0 {
+		return idle
+	}
+	return blocked
 }

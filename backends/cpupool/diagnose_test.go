@@ -70,3 +70,37 @@ func TestTimeoutDiagnosisBounded(t *testing.T) {
 	}
 	t.Logf("after %v: %v", time.Since(start).Round(time.Millisecond), err)
 }
+
+// TestProbeBusy: a rank's answer to a probe says how many collectives it
+// issued and whether one is still in flight, small (the deferred ring) or
+// large (a queued job), until its peers join and it ends, waited for or not.
+func TestProbeBusy(t *testing.T) {
+	bs := group(t, 2, nil)
+	ctx := context.Background()
+	for i, n := range []int{4, 1 << 20} {
+		tag := uint64(i + 1)
+		meta := backend.Meta{Op: backend.OpAllreduce, Seq: tag, Timeout: 10 * time.Second}
+		w0, err := bs[0].Allreduce(ctx, meta, []*tensor.Tensor{tensor.New(tensor.Float32, n)}, backend.AllreduceOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if issued, busy := cpupool.Probe(bs[0]); issued != tag || !busy {
+			t.Fatalf("%d floats: rank 0 waits for rank 1: probe says issued %d busy %v, want %d true", n, issued, busy, tag)
+		}
+		if issued, busy := cpupool.Probe(bs[1]); issued != tag-1 || busy {
+			t.Fatalf("%d floats: rank 1 has not issued it: probe says issued %d busy %v, want %d false", n, issued, busy, tag-1)
+		}
+		w1, err := bs[1].Allreduce(ctx, meta, []*tensor.Tensor{tensor.New(tensor.Float32, n)}, backend.AllreduceOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := errors.Join(w0.WaitHost(ctx), w1.WaitHost(ctx)); err != nil {
+			t.Fatal(err)
+		}
+		for r, b := range bs {
+			if issued, busy := cpupool.Probe(b); issued != tag || busy {
+				t.Fatalf("%d floats: rank %d after the op: probe says issued %d busy %v, want %d false", n, r, issued, busy, tag)
+			}
+		}
+	}
+}

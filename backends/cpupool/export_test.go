@@ -11,3 +11,10 @@ func HasBoard(b backend.Backend) bool { return b.(*Backend).board }
 
 // DeferredRuns is how many ops b's Waits ran from its deferred slot.
 func DeferredRuns(b backend.Backend) uint64 { return b.(*Backend).dRuns.Load() }
+
+// Probe is b's answer to a peer's probe: the collectives it issued, and
+// whether one of them has not ended.
+func Probe(b backend.Backend) (issued uint64, busy bool) {
+	v := b.(*Backend).probeValue()
+	return v &^ probeBusy, v&probeBusy != 0
+}
