@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime/metrics"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -412,6 +413,7 @@ type benchRankFlags struct {
 	cpuprofile string
 	rawNCCL    bool
 	depth      int
+	prewarm    int
 	opts       cpupool.Options
 }
 
@@ -434,6 +436,7 @@ func benchRank(args []string) error {
 	fs.IntVar(&f.threads, "threads", 2, "cpupool worker threads")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "rank 0 writes a pprof CPU profile of the timed loops here; with {rank} in the path, every rank writes its own")
 	fs.IntVar(&f.depth, "depth", 0, "host backends: ops in flight before the timed loop waits for the oldest (0: one per buffer pair, up to 4; N: only the first N pairs, N ops in flight; 1: each op waited for before the next on one buffer, a blocking loop like MPI_Allreduce's)")
+	fs.IntVar(&f.prewarm, "prewarm", 2, "host backends: before the first size, run 8 B allreduces until every rank's Go runtime has finished this many garbage collections (0: none; see prewarm)")
 	fs.BoolVar(&f.rawNCCL, "raw-nccl", false, "with --backend nccl: also raw NCCL calls on the same communicator")
 	fs.IntVar(&f.opts.SegmentBytes, "segment", 0, "cpupool SegmentBytes (0: default)")
 	fs.IntVar(&f.opts.SmallBytes, "small", 0, "cpupool SmallBytes (0: default)")
@@ -491,6 +494,11 @@ func benchRank(args []string) error {
 			return err
 		}
 		defer stop()
+	}
+	if f.prewarm > 0 && dev.dev == nil {
+		if err := prewarm(ctx, pg, uint64(f.prewarm)); err != nil {
+			return fmt.Errorf("pre-warm: %w", err)
+		}
 	}
 	r, n := pg.Rank(), pg.Size()
 	maxBytes := 0
@@ -604,6 +612,71 @@ func measure(ctx context.Context, pg *dispatcher.ProcessGroup, dev *benchDevice,
 		}
 	}
 	return us, wrong, nil
+}
+
+// Pre-warm bounds: ops per round, and the rounds after which the ranks go
+// on whatever their collections (a process whose heap never grows).
+const (
+	prewarmRound  = 500
+	prewarmRounds = 400
+)
+
+// prewarm runs 8 B allreduces, each waited for, in rounds of
+// prewarmRound, until every rank's Go runtime has finished gcs garbage
+// collections since the pre-warm began (the ranks agree after each round
+// with a MIN allreduce of their verdicts), or prewarmRounds have passed.
+//
+// Why: a fresh Go process takes every allocation from fresh pages until
+// its heap first reaches the collector's goal (4 MiB by default) and a
+// collection frees memory for reuse. The first write to a fresh page
+// faults, 1–2 µs on bare metal and 13–17 µs on the 2-core VMs of
+// docs/perf.md, and a small host op allocates its Work (cpupool 168 B,
+// ucc 132 B): the first ~20 000 ops of a process then paid several µs
+// each in page faults, and the first sizes of a table (2000 ops each)
+// measured the process's start, not the op (issue 17, eleventh pass). A
+// program that has run for a while, as a training loop has, reuses its
+// heap; C peers (Open MPI, the raw libucc loop) allocate nothing per op.
+// The cost is paid once per process, as a JIT's warm-up is, and
+// --tune '--prewarm 0' measures without it.
+func prewarm(ctx context.Context, pg *dispatcher.ProcessGroup, gcs uint64) error {
+	sample := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	cycles := func() uint64 {
+		metrics.Read(sample)
+		if sample[0].Value.Kind() != metrics.KindUint64 {
+			return math.MaxUint64 // not reported: no reason to wait
+		}
+		return sample[0].Value.Uint64()
+	}
+	goal := cycles() + gcs
+	buf := tensor.New(tensor.Float32, 2)
+	flag := tensor.New(tensor.Float32, 1)
+	for range prewarmRounds {
+		for range prewarmRound {
+			w, err := pg.Allreduce(ctx, []*tensor.Tensor{buf}, backend.AllreduceOptions{})
+			if err != nil {
+				return err
+			}
+			if err := w.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		done := 0.0
+		if c := cycles(); c >= goal || c == math.MaxUint64 {
+			done = 1
+		}
+		flag.Fill(done)
+		w, err := pg.Allreduce(ctx, []*tensor.Tensor{flag}, backend.AllreduceOptions{ReduceOp: backend.MIN})
+		if err != nil {
+			return err
+		}
+		if err := w.Wait(ctx); err != nil {
+			return err
+		}
+		if flag.At(0) == 1 {
+			return nil
+		}
+	}
+	return nil
 }
 
 func barrier(ctx context.Context, pg *dispatcher.ProcessGroup) error {
