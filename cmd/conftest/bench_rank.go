@@ -488,17 +488,17 @@ func benchRank(args []string) error {
 		}
 		runners = append(runners, raw)
 	}
+	if f.prewarm > 0 && dev.dev == nil {
+		if err := prewarm(ctx, pg, uint64(f.prewarm)); err != nil {
+			return fmt.Errorf("pre-warm: %w", err)
+		}
+	}
 	if prof := strings.ReplaceAll(f.cpuprofile, "{rank}", strconv.Itoa(pg.Rank())); prof != "" && (pg.Rank() == 0 || prof != f.cpuprofile) {
 		stop, err := startCPUProfile(prof)
 		if err != nil {
 			return err
 		}
 		defer stop()
-	}
-	if f.prewarm > 0 && dev.dev == nil {
-		if err := prewarm(ctx, pg, uint64(f.prewarm)); err != nil {
-			return fmt.Errorf("pre-warm: %w", err)
-		}
 	}
 	r, n := pg.Rank(), pg.Size()
 	maxBytes := 0
@@ -642,9 +642,6 @@ func prewarm(ctx context.Context, pg *dispatcher.ProcessGroup, gcs uint64) error
 	sample := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
 	cycles := func() uint64 {
 		metrics.Read(sample)
-		if sample[0].Value.Kind() != metrics.KindUint64 {
-			return math.MaxUint64 // not reported: no reason to wait
-		}
 		return sample[0].Value.Uint64()
 	}
 	goal := cycles() + gcs
@@ -661,7 +658,7 @@ func prewarm(ctx context.Context, pg *dispatcher.ProcessGroup, gcs uint64) error
 			}
 		}
 		done := 0.0
-		if c := cycles(); c >= goal || c == math.MaxUint64 {
+		if cycles() >= goal {
 			done = 1
 		}
 		flag.Fill(done)
