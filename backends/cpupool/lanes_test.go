@@ -346,15 +346,30 @@ func TestLaneRSAGPeerDeath(t *testing.T) {
 // that may read each other's memory (these, of one process) run by direct
 // reads (coll.AllreduceDirect): worlds 2, 3 and 4, element sizes 1, 2, 4
 // and 8, an odd count (uneven blocks, pieces that end mid-block), SUM and
-// MAX, small integers so that the exact answer is known.
+// MAX, small integers so that the exact answer is known; at 2 ranks also
+// blocks of several of the pair's larger pieces (directPiecePair) and a
+// part of one.
 func TestDirectAllreduce(t *testing.T) {
 	ctx := context.Background()
+	type shape struct {
+		dt    tensor.DType
+		elems int
+	}
+	var shapes []shape
+	for _, dt := range []tensor.DType{tensor.Int8, tensor.Float16, tensor.Float32, tensor.Float64} {
+		shapes = append(shapes, shape{dt, 300007})
+	}
 	for _, n := range []int{2, 3, 4} {
 		bs := group(t, n, &cpupool.Options{Transport: "shm"})
-		for _, dt := range []tensor.DType{tensor.Int8, tensor.Float16, tensor.Float32, tensor.Float64} {
+		all := shapes
+		if n == 2 {
+			// Blocks of 2.9 and 5.7 MiB: pieces of 2 MiB, the last one short.
+			all = append(all, shape{tensor.Float32, 1500007}, shape{tensor.Float64, 1500007})
+		}
+		for _, sh := range all {
+			dt, elems := sh.dt, sh.elems
 			for _, op := range []reduceop.ReduceOp{backend.SUM, backend.MAX} {
 				each(t, bs, func(r int, b backend.Backend) error {
-					const elems = 300007
 					vals := make([]float64, elems)
 					for i := range vals {
 						vals[i] = float64((i+r)%3 + 1)
