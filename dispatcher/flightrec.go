@@ -143,11 +143,11 @@ func newFlightRecorder(opts FlightRecorderOptions, rank, size int) (*FlightRecor
 	}
 	fr := &FlightRecorder{opts: opts, rank: rank, size: size, ring: make([]frEntry, 0, opts.Entries), dumps: watch.Dumps{NoDumpOnError: opts.NoDumpOnError},
 		groups: map[string]frtrace.PGConfig{}, status: map[string]*frtrace.PGStatus{}, stop: make(chan struct{})}
-	// The ring's memory is written now, once, rather than by the first
-	// pass of ops: fresh pages fault on their first write, and a fault is
-	// 1–2 µs on bare metal and 13–17 µs in some VMs (docs/perf.md, issue
-	// 17, eleventh pass), where the first 2000 ops of a fresh process
-	// spent ~1 µs each on the ring's faults.
+	// The ring's memory (176 bytes an entry) is written now, once, rather
+	// than by the first pass of ops: fresh pages fault on their first
+	// write, 1–2 µs each on bare metal and 13–17 µs in some VMs
+	// (docs/perf.md, issue 17, eleventh pass), where the ring's faults
+	// were 78 of a rank's first 2000 ops.
 	clear(fr.ring[:cap(fr.ring)])
 	fr.wall0 = time.Now()
 	fr.mono0 = backend.MonoOf(fr.wall0)
