@@ -146,8 +146,8 @@ func newFlightRecorder(opts FlightRecorderOptions, rank, size int) (*FlightRecor
 	// The ring's memory (176 bytes an entry) is written now, once, rather
 	// than by the first pass of ops: fresh pages fault on their first
 	// write, 1–2 µs each on bare metal and 13–17 µs in some VMs
-	// (docs/perf.md, issue 17, eleventh pass), where the ring's faults
-	// were 78 of a rank's first 2000 ops.
+	// (docs/perf.md, issue 17, eleventh pass, where the ring took 78
+	// faults in each rank's first 2000 ops).
 	clear(fr.ring[:cap(fr.ring)])
 	fr.wall0 = time.Now()
 	fr.mono0 = backend.MonoOf(fr.wall0)
