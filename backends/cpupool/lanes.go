@@ -97,28 +97,6 @@ func (b *Backend) rawLanesFor(n int) bool {
 	return b.cfg.WorldSize == 2 && b.opts.RawLaneBytes > 0 && n >= b.opts.RawLaneBytes
 }
 
-// directPiece is how much of a peer's block a direct allreduce reads
-// before it reduces it: small enough to stay in cache. Between two ranks,
-// each on a core of its own, directPiecePair: one process_vm_readv of
-// 2 MiB moves 9-11 GB/s where 512 KiB pieces move 6.5-8.4 (two processes
-// reading each other at once, docs/perf.md, issue 17, tenth pass), and
-// 2 MiB still reduces from the last-level cache: 4 MiB took 0.93x the
-// time and 64 MiB 0.88x (medians of 8 rounds taking turns, eleventh
-// pass). With more ranks than that the rounds disagreed, so they keep
-// directPiece.
-const (
-	directPiece     = 512 << 10
-	directPiecePair = 2 << 20
-)
-
-// directPieceFor is the direct allreduce's piece in a group of ranks.
-func directPieceFor(ranks int) int {
-	if ranks == 2 {
-		return directPiecePair
-	}
-	return directPiece
-}
-
 // laneOp is one lane op's view of the mesh: its tag and fingerprint bound
 // to coll.Lanes' calls.
 type laneOp struct {
@@ -296,7 +274,7 @@ func (b *Backend) allreduceDirect(ctx context.Context, m backend.Meta, fp tcpmes
 				return err
 			}
 		} else {
-			scratch := b.pool.Get(directPieceFor(b.cfg.WorldSize))
+			scratch := b.pool.Get(coll.DirectPiece(b.cfg.WorldSize))
 			defer b.pool.Put(scratch)
 			if err := coll.AllreduceDirect(ctx, lo, buf, k, scratch); err != nil {
 				return err

@@ -347,7 +347,7 @@ func TestLaneRSAGPeerDeath(t *testing.T) {
 // reads (coll.AllreduceDirect): worlds 2, 3 and 4, element sizes 1, 2, 4
 // and 8, an odd count (uneven blocks, pieces that end mid-block), SUM and
 // MAX, small integers so that the exact answer is known; at 2 ranks also
-// blocks of several of the pair's larger pieces (directPiecePair) and a
+// blocks of several of the pair's larger pieces (coll.DirectPiece) and a
 // part of one.
 func TestDirectAllreduce(t *testing.T) {
 	ctx := context.Background()

@@ -35,7 +35,26 @@ const (
 	// rank sends while it reduces, which the others read only when they
 	// gather, always fit in its lanes.
 	directChunks = 64
+	// directPiece is how much of a peer's block AllreduceDirect reads
+	// before it reduces it (its scratch): small enough to stay in cache.
+	directPiece = 512 << 10
+	// directPiecePair is directPiece between two ranks, each on a core of
+	// its own: one process_vm_readv of 2 MiB moves 9-11 GB/s where
+	// 512 KiB pieces move 6.5-8.4 (as for directChunkPair), and 2 MiB
+	// still reduces from the last-level cache: 4 MiB took 0.93x the time
+	// and 64 MiB 0.88x (medians of 8 rounds taking turns, docs/perf.md,
+	// issue 17, eleventh pass). With more ranks the rounds disagreed.
+	directPiecePair = 2 << 20
 )
+
+// DirectPiece is the scratch length AllreduceDirect wants in a group of
+// ranks: the length of the pieces it reads a peer's block in.
+func DirectPiece(ranks int) int {
+	if ranks == 2 {
+		return directPiecePair
+	}
+	return directPiece
+}
 
 // directStep is the chunk length of a block of n bytes of elements of
 // elem bytes in a group of ranks: a function of n and ranks alone, so
