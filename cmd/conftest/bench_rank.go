@@ -644,16 +644,19 @@ func prewarm(ctx context.Context, pg *dispatcher.ProcessGroup, gcs uint64) error
 		metrics.Read(sample)
 		return sample[0].Value.Uint64()
 	}
+	allreduce := func(t *tensor.Tensor, op backend.ReduceOp) error {
+		w, err := pg.Allreduce(ctx, []*tensor.Tensor{t}, backend.AllreduceOptions{ReduceOp: op})
+		if err != nil {
+			return err
+		}
+		return w.Wait(ctx)
+	}
 	goal := cycles() + gcs
 	buf := tensor.New(tensor.Float32, 2)
 	flag := tensor.New(tensor.Float32, 1)
 	for range prewarmRounds {
 		for range prewarmRound {
-			w, err := pg.Allreduce(ctx, []*tensor.Tensor{buf}, backend.AllreduceOptions{})
-			if err != nil {
-				return err
-			}
-			if err := w.Wait(ctx); err != nil {
+			if err := allreduce(buf, backend.SUM); err != nil {
 				return err
 			}
 		}
@@ -662,11 +665,7 @@ func prewarm(ctx context.Context, pg *dispatcher.ProcessGroup, gcs uint64) error
 			done = 1
 		}
 		flag.Fill(done)
-		w, err := pg.Allreduce(ctx, []*tensor.Tensor{flag}, backend.AllreduceOptions{ReduceOp: backend.MIN})
-		if err != nil {
-			return err
-		}
-		if err := w.Wait(ctx); err != nil {
+		if err := allreduce(flag, backend.MIN); err != nil {
 			return err
 		}
 		if flag.At(0) == 1 {
