@@ -341,6 +341,19 @@ func (w *HostWork) Abort(reason error) {
 	w.Complete(nil, err)
 }
 
+// Releaser is implemented by a Work whose backend can reuse its memory
+// once nobody holds it. The dispatcher's blocking forms (AllreduceWait and
+// the other ...Wait methods, c10d's async_op=False) return no Work; they
+// call Release on the Work of an op whose Wait returned nil when nothing
+// else kept it (no post hook saw it, and the flight recorder and the
+// metrics have let go of it), so that a loop of small host ops allocates
+// nothing per op. Release is called at most once, and the Work is not
+// used after it; a backend that cannot prove that its own goroutines are
+// done with the Work ignores the call.
+type Releaser interface {
+	Release()
+}
+
 // CaptureReporter is implemented by the Work of a backend whose ops can be
 // captured into a CUDA graph. A captured op did not run: it runs at each
 // replay of the graph, ordered by the stream the graph is launched on, so

@@ -46,3 +46,42 @@ func BenchmarkDispatchAllreduce(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDispatchAllreduceWait is BenchmarkDispatchAllreduce for the
+// blocking form (AllreduceWait) against the async form and its Wait, with
+// the recorder on and off: what the blocking form's own steps (the
+// recorder's retire, the release) cost.
+func BenchmarkDispatchAllreduceWait(b *testing.B) {
+	for _, c := range []struct {
+		name    string
+		entries int
+	}{{"recorder-off", -1}, {"recorder-on", 0}} {
+		for _, form := range []string{"async", "wait"} {
+			b.Run(c.name+"/"+form, func(b *testing.B) {
+				pg, err := Init(context.Background(), Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "reccpu",
+					FlightRecorder: FlightRecorderOptions{Entries: c.entries, DumpPrefix: b.TempDir() + "/r"}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer pg.Close(context.Background())
+				swapBackend(pg, tensor.CPU, &nop{})
+				ctx := context.Background()
+				x := []*tensor.Tensor{tensor.New(tensor.Float32, 1024)}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for b.Loop() {
+					if form == "wait" {
+						err = pg.AllreduceWait(ctx, x, backend.AllreduceOptions{})
+					} else if w, werr := pg.Allreduce(ctx, x, backend.AllreduceOptions{}); werr == nil {
+						err = w.Wait(ctx)
+					} else {
+						err = werr
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -269,6 +269,39 @@ func (pg *ProcessGroup) post(ctx context.Context, c *opCall, in, out *targ, w ba
 	return w, err
 }
 
+// waitOp ends the blocking form of an op (the generated ...Wait methods):
+// the recorder and the post hooks see it issued, as post shows them an
+// async op, then it waits (Work.Wait) and the metrics see it done. When
+// nothing kept the Work (no post hook saw it, and the recorder retired
+// it), the Work of an op that succeeded goes back to its backend
+// (backend.Releaser): this is how a blocking loop of small host ops
+// allocates nothing per op.
+func (pg *ProcessGroup) waitOp(ctx context.Context, c *opCall, in, out *targ, w backend.Work, err error) error {
+	if err != nil || w == nil {
+		_, err = pg.post(ctx, c, in, out, w, err)
+		return err
+	}
+	var s frSlot
+	g := pg.frg
+	if g != nil {
+		s = pg.recorder.add(g, c, in, out, w, nil)
+	}
+	if c.hooks != nil {
+		pg.postHooks(ctx, c, in, out, w, nil)
+	}
+	err = w.Wait(ctx)
+	if m := pg.metrics; m != nil {
+		m.Op(c.meta.Op, c.dt, c.issued, w, nil)
+	}
+	if err != nil || c.hooks != nil || (g != nil && !pg.recorder.retire(s)) {
+		return err
+	}
+	if r, ok := w.(backend.Releaser); ok {
+		r.Release()
+	}
+	return nil
+}
+
 // failed is the error of an op the backend refused (err), or for which it
 // returned neither a Work nor an error (err nil): an *backend.OpError
 // with the op's number and backend.

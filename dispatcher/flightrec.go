@@ -203,7 +203,7 @@ func (fr *FlightRecorder) record(ctx context.Context, info OpInfo, w backend.Wor
 // it. It runs on the issuing goroutine: one uncontended lock, no
 // allocation once the ring is full, no clock read (c.meta.Issued is the
 // dispatcher's), and few stores (frEntry says why).
-func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, w backend.Work, err error) {
+func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, w backend.Work, err error) frSlot {
 	op := c.meta.Op
 	var flags frMeta
 	isP2P := c.p2p
@@ -239,11 +239,13 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, w backend.Wo
 		g.status.LastEnqueued = int64(seq)
 	}
 	var slot *frEntry
+	idx := fr.head
 	if len(fr.ring) < cap(fr.ring) {
 		fr.ring = append(fr.ring, frEntry{})
-		slot = &fr.ring[len(fr.ring)-1]
+		idx = int32(len(fr.ring) - 1)
+		slot = &fr.ring[idx]
 	} else {
-		slot = &fr.ring[fr.head]
+		slot = &fr.ring[idx]
 		if slot.work != nil || slot.ho != nil { // overwritten while pending
 			slot.work, slot.ho = nil, nil
 			fr.pending--
@@ -271,6 +273,7 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, w backend.Wo
 		slot.work = w
 		fr.pending++
 	}
+	at := frSlot{id: id, at: idx}
 	failed := fr.retireDone()
 	fr.mu.Unlock()
 	if err != nil && isFault(err) {
@@ -278,6 +281,48 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, w backend.Wo
 	} else if failed != nil && isFault(failed) {
 		fr.onError(failed)
 	}
+	return at
+}
+
+// frSlot names the entry add made: its id, and where it is in the ring.
+type frSlot struct {
+	id uint64
+	at int32
+}
+
+// retire retires the entry s of a blocking op (ProcessGroup.waitOp) whose
+// Wait has returned, if its host work has completed, and reports whether
+// the recorder no longer holds the work: the dispatcher may then hand it
+// back to the backend for reuse. It does not while a refresh is querying
+// works outside mu (that query may be reading this one), and never for a
+// work that is not a host work (a device's, left to the poll).
+func (fr *FlightRecorder) retire(s frSlot) bool {
+	if !fr.refreshMu.TryLock() {
+		return false
+	}
+	defer fr.refreshMu.Unlock()
+	fr.mu.Lock()
+	fe := &fr.ring[s.at]
+	if fe.id != s.id {
+		fr.mu.Unlock()
+		return true // overwritten, its work dropped
+	}
+	if fe.ho == nil {
+		fr.mu.Unlock()
+		return fe.work == nil // retired already, or a device's work
+	}
+	at, dur, timed, err := fe.ho.Outcome()
+	if at == 0 {
+		fr.mu.Unlock()
+		return false
+	}
+	fe.ho = nil
+	fr.complete(fe, fe.m, at, dur, timed, err)
+	fr.mu.Unlock()
+	if err != nil && isFault(err) {
+		fr.onError(err)
+	}
+	return true
 }
 
 // hostOutcome is a Work that stamps its completion on the backend.Mono

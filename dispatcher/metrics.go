@@ -71,7 +71,10 @@ type GroupMetrics interface {
 	// set; *backend.OpError). issued is when the dispatcher numbered it,
 	// on the backend.Mono clock, for the ops TimeEvery asks to time; 0 for
 	// the others. It must be quick and never block: completion is for the
-	// implementation to follow, off this goroutine.
+	// implementation to follow, off this goroutine. A Work that has
+	// completed when Op is called must not be kept past its return: the
+	// blocking forms (AllreduceWait, ...) call Op after their Wait and may
+	// then hand the Work back to its backend for reuse (backend.Releaser).
 	Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w backend.Work, err error)
 	// TimeEvery is asked once, when the group is made: the dispatcher
 	// stamps the ops whose sequence number is a multiple of it (a power of

@@ -13,6 +13,22 @@ import (
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor, opts backend.BroadcastOptions) (backend.Work, error) {
+	return pg.runBroadcast(ctx, tensors, opts, false)
+}
+
+// BroadcastWait is Broadcast followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) BroadcastWait(ctx context.Context, tensors []*tensor.Tensor, opts backend.BroadcastOptions) error {
+	_, err := pg.runBroadcast(ctx, tensors, opts, true)
+	return err
+}
+
+// runBroadcast is the body of Broadcast and BroadcastWait.
+func (pg *ProcessGroup) runBroadcast(ctx context.Context, tensors []*tensor.Tensor, opts backend.BroadcastOptions, wait bool) (backend.Work, error) {
 	var aTensors targ
 	aTensors.setList("tensors", tensors)
 	var c checker
@@ -46,6 +62,9 @@ func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor,
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
 	w, err := call.backend.Broadcast(ctx, call.meta, tensors, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aTensors, &aTensors, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -57,6 +76,22 @@ func (pg *ProcessGroup) Broadcast(ctx context.Context, tensors []*tensor.Tensor,
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor, opts backend.AllreduceOptions) (backend.Work, error) {
+	return pg.runAllreduce(ctx, tensors, opts, false)
+}
+
+// AllreduceWait is Allreduce followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) AllreduceWait(ctx context.Context, tensors []*tensor.Tensor, opts backend.AllreduceOptions) error {
+	_, err := pg.runAllreduce(ctx, tensors, opts, true)
+	return err
+}
+
+// runAllreduce is the body of Allreduce and AllreduceWait.
+func (pg *ProcessGroup) runAllreduce(ctx context.Context, tensors []*tensor.Tensor, opts backend.AllreduceOptions, wait bool) (backend.Work, error) {
 	var aTensors targ
 	aTensors.setList("tensors", tensors)
 	var c checker
@@ -89,6 +124,9 @@ func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor,
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
 	w, err := call.backend.Allreduce(ctx, call.meta, tensors, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aTensors, &aTensors, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -100,6 +138,22 @@ func (pg *ProcessGroup) Allreduce(ctx context.Context, tensors []*tensor.Tensor,
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tensor.Tensor, opts backend.AllreduceCoalescedOptions) (backend.Work, error) {
+	return pg.runAllreduceCoalesced(ctx, tensors, opts, false)
+}
+
+// AllreduceCoalescedWait is AllreduceCoalesced followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) AllreduceCoalescedWait(ctx context.Context, tensors []*tensor.Tensor, opts backend.AllreduceCoalescedOptions) error {
+	_, err := pg.runAllreduceCoalesced(ctx, tensors, opts, true)
+	return err
+}
+
+// runAllreduceCoalesced is the body of AllreduceCoalesced and AllreduceCoalescedWait.
+func (pg *ProcessGroup) runAllreduceCoalesced(ctx context.Context, tensors []*tensor.Tensor, opts backend.AllreduceCoalescedOptions, wait bool) (backend.Work, error) {
 	var aTensors targ
 	aTensors.setList("tensors", tensors)
 	var c checker
@@ -129,6 +183,9 @@ func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tenso
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
 	w, err := call.backend.AllreduceCoalesced(ctx, call.meta, tensors, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aTensors, &aTensors, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -140,6 +197,22 @@ func (pg *ProcessGroup) AllreduceCoalesced(ctx context.Context, tensors []*tenso
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, opts backend.ReduceOptions) (backend.Work, error) {
+	return pg.runReduce(ctx, tensors, opts, false)
+}
+
+// ReduceWait is Reduce followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) ReduceWait(ctx context.Context, tensors []*tensor.Tensor, opts backend.ReduceOptions) error {
+	_, err := pg.runReduce(ctx, tensors, opts, true)
+	return err
+}
+
+// runReduce is the body of Reduce and ReduceWait.
+func (pg *ProcessGroup) runReduce(ctx context.Context, tensors []*tensor.Tensor, opts backend.ReduceOptions, wait bool) (backend.Work, error) {
 	var aTensors targ
 	aTensors.setList("tensors", tensors)
 	var c checker
@@ -174,6 +247,9 @@ func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, op
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
 	w, err := call.backend.Reduce(ctx, call.meta, tensors, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aTensors, &aTensors, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -185,6 +261,22 @@ func (pg *ProcessGroup) Reduce(ctx context.Context, tensors []*tensor.Tensor, op
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Allgather(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherOptions) (backend.Work, error) {
+	return pg.runAllgather(ctx, outputs, inputs, opts, false)
+}
+
+// AllgatherWait is Allgather followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) AllgatherWait(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherOptions) error {
+	_, err := pg.runAllgather(ctx, outputs, inputs, opts, true)
+	return err
+}
+
+// runAllgather is the body of Allgather and AllgatherWait.
+func (pg *ProcessGroup) runAllgather(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherOptions, wait bool) (backend.Work, error) {
 	var aOutputs targ
 	aOutputs.setLists("outputs", outputs)
 	var aInputs targ
@@ -209,6 +301,9 @@ func (pg *ProcessGroup) Allgather(ctx context.Context, outputs [][]*tensor.Tenso
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.Allgather(ctx, call.meta, outputs, inputs, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aInputs, &aOutputs, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -220,6 +315,22 @@ func (pg *ProcessGroup) Allgather(ctx context.Context, outputs [][]*tensor.Tenso
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllgatherIntoTensor(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions) (backend.Work, error) {
+	return pg.runAllgatherIntoTensor(ctx, output, input, opts, false)
+}
+
+// AllgatherIntoTensorWait is AllgatherIntoTensor followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) AllgatherIntoTensorWait(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions) error {
+	_, err := pg.runAllgatherIntoTensor(ctx, output, input, opts, true)
+	return err
+}
+
+// runAllgatherIntoTensor is the body of AllgatherIntoTensor and AllgatherIntoTensorWait.
+func (pg *ProcessGroup) runAllgatherIntoTensor(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions, wait bool) (backend.Work, error) {
 	var aOutput targ
 	aOutput.setOne("output", output)
 	var aInput targ
@@ -242,6 +353,9 @@ func (pg *ProcessGroup) AllgatherIntoTensor(ctx context.Context, output *tensor.
 		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
 	w, err := call.backend.AllgatherIntoTensor(ctx, call.meta, output, input, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aInput, &aOutput, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -253,6 +367,22 @@ func (pg *ProcessGroup) AllgatherIntoTensor(ctx context.Context, output *tensor.
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllgatherCoalesced(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions) (backend.Work, error) {
+	return pg.runAllgatherCoalesced(ctx, outputs, inputs, opts, false)
+}
+
+// AllgatherCoalescedWait is AllgatherCoalesced followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) AllgatherCoalescedWait(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions) error {
+	_, err := pg.runAllgatherCoalesced(ctx, outputs, inputs, opts, true)
+	return err
+}
+
+// runAllgatherCoalesced is the body of AllgatherCoalesced and AllgatherCoalescedWait.
+func (pg *ProcessGroup) runAllgatherCoalesced(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions, wait bool) (backend.Work, error) {
 	var aOutputs targ
 	aOutputs.setLists("outputs", outputs)
 	var aInputs targ
@@ -277,6 +407,9 @@ func (pg *ProcessGroup) AllgatherCoalesced(ctx context.Context, outputs [][]*ten
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.AllgatherCoalesced(ctx, call.meta, outputs, inputs, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aInputs, &aOutputs, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -288,6 +421,22 @@ func (pg *ProcessGroup) AllgatherCoalesced(ctx context.Context, outputs [][]*ten
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AllgatherIntoTensorCoalesced(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions) (backend.Work, error) {
+	return pg.runAllgatherIntoTensorCoalesced(ctx, outputs, inputs, opts, false)
+}
+
+// AllgatherIntoTensorCoalescedWait is AllgatherIntoTensorCoalesced followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) AllgatherIntoTensorCoalescedWait(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions) error {
+	_, err := pg.runAllgatherIntoTensorCoalesced(ctx, outputs, inputs, opts, true)
+	return err
+}
+
+// runAllgatherIntoTensorCoalesced is the body of AllgatherIntoTensorCoalesced and AllgatherIntoTensorCoalescedWait.
+func (pg *ProcessGroup) runAllgatherIntoTensorCoalesced(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions, wait bool) (backend.Work, error) {
 	var aOutputs targ
 	aOutputs.setList("outputs", outputs)
 	var aInputs targ
@@ -312,6 +461,9 @@ func (pg *ProcessGroup) AllgatherIntoTensorCoalesced(ctx context.Context, output
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.AllgatherIntoTensorCoalesced(ctx, call.meta, outputs, inputs, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aInputs, &aOutputs, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -323,6 +475,22 @@ func (pg *ProcessGroup) AllgatherIntoTensorCoalesced(ctx context.Context, output
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) ReduceScatter(ctx context.Context, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ReduceScatterOptions) (backend.Work, error) {
+	return pg.runReduceScatter(ctx, outputs, inputs, opts, false)
+}
+
+// ReduceScatterWait is ReduceScatter followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) ReduceScatterWait(ctx context.Context, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ReduceScatterOptions) error {
+	_, err := pg.runReduceScatter(ctx, outputs, inputs, opts, true)
+	return err
+}
+
+// runReduceScatter is the body of ReduceScatter and ReduceScatterWait.
+func (pg *ProcessGroup) runReduceScatter(ctx context.Context, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ReduceScatterOptions, wait bool) (backend.Work, error) {
 	var aOutputs targ
 	aOutputs.setList("outputs", outputs)
 	var aInputs targ
@@ -348,6 +516,9 @@ func (pg *ProcessGroup) ReduceScatter(ctx context.Context, outputs []*tensor.Ten
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.ReduceScatter(ctx, call.meta, outputs, inputs, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aInputs, &aOutputs, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -359,6 +530,22 @@ func (pg *ProcessGroup) ReduceScatter(ctx context.Context, outputs []*tensor.Ten
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) ReduceScatterTensor(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.ReduceScatterTensorOptions) (backend.Work, error) {
+	return pg.runReduceScatterTensor(ctx, output, input, opts, false)
+}
+
+// ReduceScatterTensorWait is ReduceScatterTensor followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) ReduceScatterTensorWait(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.ReduceScatterTensorOptions) error {
+	_, err := pg.runReduceScatterTensor(ctx, output, input, opts, true)
+	return err
+}
+
+// runReduceScatterTensor is the body of ReduceScatterTensor and ReduceScatterTensorWait.
+func (pg *ProcessGroup) runReduceScatterTensor(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.ReduceScatterTensorOptions, wait bool) (backend.Work, error) {
 	var aOutput targ
 	aOutput.setOne("output", output)
 	var aInput targ
@@ -382,6 +569,9 @@ func (pg *ProcessGroup) ReduceScatterTensor(ctx context.Context, output *tensor.
 		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
 	w, err := call.backend.ReduceScatterTensor(ctx, call.meta, output, input, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aInput, &aOutput, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -393,6 +583,22 @@ func (pg *ProcessGroup) ReduceScatterTensor(ctx context.Context, output *tensor.
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) ReduceScatterTensorCoalesced(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.ReduceScatterTensorCoalescedOptions) (backend.Work, error) {
+	return pg.runReduceScatterTensorCoalesced(ctx, outputs, inputs, opts, false)
+}
+
+// ReduceScatterTensorCoalescedWait is ReduceScatterTensorCoalesced followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) ReduceScatterTensorCoalescedWait(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.ReduceScatterTensorCoalescedOptions) error {
+	_, err := pg.runReduceScatterTensorCoalesced(ctx, outputs, inputs, opts, true)
+	return err
+}
+
+// runReduceScatterTensorCoalesced is the body of ReduceScatterTensorCoalesced and ReduceScatterTensorCoalescedWait.
+func (pg *ProcessGroup) runReduceScatterTensorCoalesced(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.ReduceScatterTensorCoalescedOptions, wait bool) (backend.Work, error) {
 	var aOutputs targ
 	aOutputs.setList("outputs", outputs)
 	var aInputs targ
@@ -418,6 +624,9 @@ func (pg *ProcessGroup) ReduceScatterTensorCoalesced(ctx context.Context, output
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.ReduceScatterTensorCoalesced(ctx, call.meta, outputs, inputs, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aInputs, &aOutputs, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -429,6 +638,22 @@ func (pg *ProcessGroup) ReduceScatterTensorCoalesced(ctx context.Context, output
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Alltoall(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AlltoallOptions) (backend.Work, error) {
+	return pg.runAlltoall(ctx, outputs, inputs, opts, false)
+}
+
+// AlltoallWait is Alltoall followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) AlltoallWait(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AlltoallOptions) error {
+	_, err := pg.runAlltoall(ctx, outputs, inputs, opts, true)
+	return err
+}
+
+// runAlltoall is the body of Alltoall and AlltoallWait.
+func (pg *ProcessGroup) runAlltoall(ctx context.Context, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AlltoallOptions, wait bool) (backend.Work, error) {
 	var aOutputs targ
 	aOutputs.setList("outputs", outputs)
 	var aInputs targ
@@ -452,6 +677,9 @@ func (pg *ProcessGroup) Alltoall(ctx context.Context, outputs []*tensor.Tensor, 
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.Alltoall(ctx, call.meta, outputs, inputs, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aInputs, &aOutputs, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -463,6 +691,22 @@ func (pg *ProcessGroup) Alltoall(ctx context.Context, outputs []*tensor.Tensor, 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) AlltoallBase(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.AlltoallBaseOptions) (backend.Work, error) {
+	return pg.runAlltoallBase(ctx, output, input, opts, false)
+}
+
+// AlltoallBaseWait is AlltoallBase followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) AlltoallBaseWait(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.AlltoallBaseOptions) error {
+	_, err := pg.runAlltoallBase(ctx, output, input, opts, true)
+	return err
+}
+
+// runAlltoallBase is the body of AlltoallBase and AlltoallBaseWait.
+func (pg *ProcessGroup) runAlltoallBase(ctx context.Context, output *tensor.Tensor, input *tensor.Tensor, opts backend.AlltoallBaseOptions, wait bool) (backend.Work, error) {
 	var aOutput targ
 	aOutput.setOne("output", output)
 	var aInput targ
@@ -486,6 +730,9 @@ func (pg *ProcessGroup) AlltoallBase(ctx context.Context, output *tensor.Tensor,
 		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
 	w, err := call.backend.AlltoallBase(ctx, call.meta, output, input, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aInput, &aOutput, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -497,6 +744,22 @@ func (pg *ProcessGroup) AlltoallBase(ctx context.Context, output *tensor.Tensor,
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Gather(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions) (backend.Work, error) {
+	return pg.runGather(ctx, outputs, inputs, opts, false)
+}
+
+// GatherWait is Gather followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) GatherWait(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions) error {
+	_, err := pg.runGather(ctx, outputs, inputs, opts, true)
+	return err
+}
+
+// runGather is the body of Gather and GatherWait.
+func (pg *ProcessGroup) runGather(ctx context.Context, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions, wait bool) (backend.Work, error) {
 	var aOutputs targ
 	aOutputs.setLists("outputs", outputs)
 	var aInputs targ
@@ -521,6 +784,9 @@ func (pg *ProcessGroup) Gather(ctx context.Context, outputs [][]*tensor.Tensor, 
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.Gather(ctx, call.meta, outputs, inputs, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aInputs, &aOutputs, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -532,6 +798,22 @@ func (pg *ProcessGroup) Gather(ctx context.Context, outputs [][]*tensor.Tensor, 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Scatter(ctx context.Context, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions) (backend.Work, error) {
+	return pg.runScatter(ctx, outputs, inputs, opts, false)
+}
+
+// ScatterWait is Scatter followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) ScatterWait(ctx context.Context, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions) error {
+	_, err := pg.runScatter(ctx, outputs, inputs, opts, true)
+	return err
+}
+
+// runScatter is the body of Scatter and ScatterWait.
+func (pg *ProcessGroup) runScatter(ctx context.Context, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions, wait bool) (backend.Work, error) {
 	var aOutputs targ
 	aOutputs.setList("outputs", outputs)
 	var aInputs targ
@@ -556,6 +838,9 @@ func (pg *ProcessGroup) Scatter(ctx context.Context, outputs []*tensor.Tensor, i
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
 	w, err := call.backend.Scatter(ctx, call.meta, outputs, inputs, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aInputs, &aOutputs, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -567,6 +852,22 @@ func (pg *ProcessGroup) Scatter(ctx context.Context, outputs []*tensor.Tensor, i
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst int, opts backend.SendOptions) (backend.Work, error) {
+	return pg.runSend(ctx, tensors, dst, opts, false)
+}
+
+// SendWait is Send followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) SendWait(ctx context.Context, tensors []*tensor.Tensor, dst int, opts backend.SendOptions) error {
+	_, err := pg.runSend(ctx, tensors, dst, opts, true)
+	return err
+}
+
+// runSend is the body of Send and SendWait.
+func (pg *ProcessGroup) runSend(ctx context.Context, tensors []*tensor.Tensor, dst int, opts backend.SendOptions, wait bool) (backend.Work, error) {
 	var aTensors targ
 	aTensors.setList("tensors", tensors)
 	var c checker
@@ -592,6 +893,9 @@ func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst 
 		pg.pre(ctx, &call, &aTensors, nil)
 	}
 	w, err := call.backend.Send(ctx, call.meta, tensors, dst, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, &aTensors, nil, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -603,6 +907,22 @@ func (pg *ProcessGroup) Send(ctx context.Context, tensors []*tensor.Tensor, dst 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src int, opts backend.RecvOptions) (backend.Work, error) {
+	return pg.runRecv(ctx, tensors, src, opts, false)
+}
+
+// RecvWait is Recv followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) RecvWait(ctx context.Context, tensors []*tensor.Tensor, src int, opts backend.RecvOptions) error {
+	_, err := pg.runRecv(ctx, tensors, src, opts, true)
+	return err
+}
+
+// runRecv is the body of Recv and RecvWait.
+func (pg *ProcessGroup) runRecv(ctx context.Context, tensors []*tensor.Tensor, src int, opts backend.RecvOptions, wait bool) (backend.Work, error) {
 	var aTensors targ
 	aTensors.setList("tensors", tensors)
 	var c checker
@@ -628,6 +948,9 @@ func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src 
 		pg.pre(ctx, &call, nil, &aTensors)
 	}
 	w, err := call.backend.Recv(ctx, call.meta, tensors, src, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, nil, &aTensors, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -639,6 +962,22 @@ func (pg *ProcessGroup) Recv(ctx context.Context, tensors []*tensor.Tensor, src 
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) RecvAnysource(ctx context.Context, tensors []*tensor.Tensor, opts backend.RecvAnysourceOptions) (backend.Work, error) {
+	return pg.runRecvAnysource(ctx, tensors, opts, false)
+}
+
+// RecvAnysourceWait is RecvAnysource followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) RecvAnysourceWait(ctx context.Context, tensors []*tensor.Tensor, opts backend.RecvAnysourceOptions) error {
+	_, err := pg.runRecvAnysource(ctx, tensors, opts, true)
+	return err
+}
+
+// runRecvAnysource is the body of RecvAnysource and RecvAnysourceWait.
+func (pg *ProcessGroup) runRecvAnysource(ctx context.Context, tensors []*tensor.Tensor, opts backend.RecvAnysourceOptions, wait bool) (backend.Work, error) {
 	var aTensors targ
 	aTensors.setList("tensors", tensors)
 	var c checker
@@ -662,6 +1001,9 @@ func (pg *ProcessGroup) RecvAnysource(ctx context.Context, tensors []*tensor.Ten
 		pg.pre(ctx, &call, nil, &aTensors)
 	}
 	w, err := call.backend.RecvAnysource(ctx, call.meta, tensors, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, nil, &aTensors, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -673,6 +1015,22 @@ func (pg *ProcessGroup) RecvAnysource(ctx context.Context, tensors []*tensor.Ten
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) Barrier(ctx context.Context, opts backend.BarrierOptions) (backend.Work, error) {
+	return pg.runBarrier(ctx, opts, false)
+}
+
+// BarrierWait is Barrier followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) BarrierWait(ctx context.Context, opts backend.BarrierOptions) error {
+	_, err := pg.runBarrier(ctx, opts, true)
+	return err
+}
+
+// runBarrier is the body of Barrier and BarrierWait.
+func (pg *ProcessGroup) runBarrier(ctx context.Context, opts backend.BarrierOptions, wait bool) (backend.Work, error) {
 	var c checker
 	c.start(pg, backend.OpBarrier)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
@@ -687,6 +1045,9 @@ func (pg *ProcessGroup) Barrier(ctx context.Context, opts backend.BarrierOptions
 		pg.pre(ctx, &call, nil, nil)
 	}
 	w, err := call.backend.Barrier(ctx, call.meta, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, nil, nil, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}
@@ -698,6 +1059,22 @@ func (pg *ProcessGroup) Barrier(ctx context.Context, opts backend.BarrierOptions
 // It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and
 // runs on the backend that serves the tensors' device. Errors are *backend.OpError.
 func (pg *ProcessGroup) MonitoredBarrier(ctx context.Context, opts backend.MonitoredBarrierOptions) (backend.Work, error) {
+	return pg.runMonitoredBarrier(ctx, opts, false)
+}
+
+// MonitoredBarrierWait is MonitoredBarrier followed by the Work's Wait, as c10d's async_op=False is:
+// it returns the op's error, or Wait's. No Work escapes, so the backend may
+// reuse the op's record once Wait has returned (backend.Releaser), and a loop
+// of small host ops allocates nothing. Post hooks still see the Work, which
+// is then not reused. For a stream backend, Wait orders ctx's current stream
+// after the op and does not block the host, as the async form's Wait does.
+func (pg *ProcessGroup) MonitoredBarrierWait(ctx context.Context, opts backend.MonitoredBarrierOptions) error {
+	_, err := pg.runMonitoredBarrier(ctx, opts, true)
+	return err
+}
+
+// runMonitoredBarrier is the body of MonitoredBarrier and MonitoredBarrierWait.
+func (pg *ProcessGroup) runMonitoredBarrier(ctx context.Context, opts backend.MonitoredBarrierOptions, wait bool) (backend.Work, error) {
 	var c checker
 	c.start(pg, backend.OpMonitoredBarrier)
 	c.nonnegTimeout("timeout must not be negative", opts.Timeout)
@@ -712,6 +1089,9 @@ func (pg *ProcessGroup) MonitoredBarrier(ctx context.Context, opts backend.Monit
 		pg.pre(ctx, &call, nil, nil)
 	}
 	w, err := call.backend.MonitoredBarrier(ctx, call.meta, opts)
+	if wait {
+		return nil, pg.waitOp(ctx, &call, nil, nil, w, err)
+	}
 	if call.quiet && err == nil && w != nil {
 		return w, nil
 	}

@@ -192,17 +192,40 @@ func genDispatcher(s *Spec) ([]byte, error) {
 		body = append(body,
 			If(Id("call").Dot("hooks").Op("!=").Nil()).Block(Id("pg").Dot("pre").Call(Id("ctx"), Op("&").Id("call"), in, out)),
 			List(Id("w"), Err()).Op(":=").Id("call").Dot("backend").Dot(op.GoName).Call(callArgs...),
+			// The blocking form waits, and may hand the Work back.
+			If(Id("wait")).Block(Return(Nil(), Id("pg").Dot("waitOp").Call(Id("ctx"), Op("&").Id("call"), in, out, Id("w"), Err()))),
 			// Nothing to tell (no recorder, metrics or hooks, and the
 			// backend took the op): post's call is skipped.
 			If(Id("call").Dot("quiet").Op("&&").Err().Op("==").Nil().Op("&&").Id("w").Op("!=").Nil()).Block(Return(Id("w"), Nil())),
 			Return(Id("pg").Dot("post").Call(Id("ctx"), Op("&").Id("call"), in, out, Id("w"), Err())),
 		)
 
+		// The two public forms share one body, which takes wait.
+		run := "run" + op.GoName
+		var names []Code
+		for _, a := range op.Args {
+			names = append(names, Id(a.Name))
+		}
+		fwd := func(wait bool) []Code { // a fresh slice per call
+			return append(append(append([]Code{Id("ctx")}, names...), Id("opts")), Lit(wait))
+		}
 		f.Comment(op.Doc)
 		f.Comment("")
 		f.Comment("It checks the arguments against the rules of spec/ops.yaml (docs/ops.md) and")
 		f.Comment("runs on the backend that serves the tensors' device. Errors are *backend.OpError.")
-		f.Func().Params(Id("pg").Op("*").Id("ProcessGroup")).Id(op.GoName).Params(params...).Params(Qual(pkgBackend, "Work"), Error()).Block(body...)
+		f.Func().Params(Id("pg").Op("*").Id("ProcessGroup")).Id(op.GoName).Params(params...).Params(Qual(pkgBackend, "Work"), Error()).Block(
+			Return(Id("pg").Dot(run).Call(fwd(false)...)))
+		f.Comment(fmt.Sprintf("%sWait is %s followed by the Work's Wait, as c10d's async_op=False is:", op.GoName, op.GoName))
+		f.Comment("it returns the op's error, or Wait's. No Work escapes, so the backend may")
+		f.Comment("reuse the op's record once Wait has returned (backend.Releaser), and a loop")
+		f.Comment("of small host ops allocates nothing. Post hooks still see the Work, which")
+		f.Comment("is then not reused. For a stream backend, Wait orders ctx's current stream")
+		f.Comment("after the op and does not block the host, as the async form's Wait does.")
+		f.Func().Params(Id("pg").Op("*").Id("ProcessGroup")).Id(op.GoName+"Wait").Params(params...).Error().Block(
+			List(Id("_"), Err()).Op(":=").Id("pg").Dot(run).Call(fwd(true)...),
+			Return(Err()))
+		f.Comment(fmt.Sprintf("%s is the body of %s and %sWait.", run, op.GoName, op.GoName))
+		f.Func().Params(Id("pg").Op("*").Id("ProcessGroup")).Id(run).Params(append(params, Id("wait").Bool())...).Params(Qual(pkgBackend, "Work"), Error()).Block(body...)
 	}
 	return render(f)
 }

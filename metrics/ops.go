@@ -126,23 +126,27 @@ func (g *group) seriesOf(op backend.Op, dt tensor.DeviceType) *opSeries {
 	return s
 }
 
-// Op implements dispatcher.GroupMetrics. A HostWork that is complete
-// already (an op the backend finished inline) is recorded here; any other
-// Work goes to the follower of its device type, so that the issuing
-// goroutine never queries a device.
+// Op implements dispatcher.GroupMetrics. A host work that is complete
+// already (an op the backend finished inline, or the op of a blocking
+// call, which the dispatcher shows after its Wait) is recorded here, and
+// not kept: its backend may reuse it (backend.Releaser). Any other Work
+// goes to the follower of its device type, so that the issuing goroutine
+// never queries a device.
 func (g *group) Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w backend.Work, err error) {
 	if int(op) >= g.nops || int(dt) >= numDev {
 		return
 	}
 	s := g.seriesOf(op, dt)
 	if err == nil {
-		if hw, ok := w.(*backend.HostWork); ok && hw.IsCompleted() {
-			if err = hw.Exception(); err == nil {
-				s.inline.Add(1)
-				if issued != 0 {
-					s.latency.observe(hw.CompletedAt() - issued)
+		if o, ok := w.(outcomer); ok {
+			if at, _, _, oerr := o.Outcome(); at != 0 {
+				if err = oerr; err == nil {
+					s.inline.Add(1)
+					if issued != 0 {
+						s.latency.observe(at - issued)
+					}
+					return
 				}
-				return
 			}
 		}
 	}
@@ -156,6 +160,13 @@ func (g *group) Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w 
 		return
 	}
 	g.follower(dt).push(pendingOp{w: w, s: s, issued: issued})
+}
+
+// outcomer is a host work that tells its outcome in one call
+// (backend.HostWork.Outcome, and the works that embed one): when it
+// completed (0 before), and its error.
+type outcomer interface {
+	Outcome() (at, dur time.Duration, timed bool, err error)
 }
 
 // completedAter is a Work that knows when it completed
