@@ -172,6 +172,7 @@ type Backend struct {
 	mu          sync.Mutex
 	outstanding []backend.Work
 	sweepAt     int   // track sweeps outstanding when it is this long
+	holds       int   // barriers waiting on lists of works (trackEarlier)
 	stopped     error // set by Close (ErrClosed) or Abort
 	senders     []*sender
 
@@ -543,22 +544,37 @@ func (b *Backend) trackLocked(w backend.Work) {
 }
 
 // trackEarlier is track for a barrier: it also returns the works issued
-// before w that have not completed.
+// before w that have not completed. Until the barrier calls unhold, no
+// Work is reused (sweepLocked): one of those could otherwise become a
+// later op's while the barrier waits for it.
 func (b *Backend) trackEarlier(w backend.Work) []backend.Work {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.sweepLocked()
+	b.holds++
 	earlier := append([]backend.Work(nil), b.outstanding...)
 	b.outstanding = append(b.outstanding, w)
 	return earlier
 }
 
-// sweepLocked drops the completed works; b.mu is held.
+// unhold ends a barrier's hold on the outstanding works (trackEarlier).
+func (b *Backend) unhold() {
+	b.mu.Lock()
+	b.holds--
+	b.mu.Unlock()
+}
+
+// sweepLocked drops the completed works, and gives the slab back those
+// their callers gave back (work.Release) while no barrier holds a list
+// of works; b.mu is held. (Close and Abort take their lists once the
+// backend is stopped, when no op takes a Work any more.)
 func (b *Backend) sweepLocked() {
 	live := b.outstanding[:0]
 	for _, o := range b.outstanding {
 		if !o.IsCompleted() {
 			live = append(live, o)
+		} else if w, ok := o.(*work); ok && b.holds == 0 && w.released.Load() {
+			b.works.recycle(w)
 		}
 	}
 	clear(b.outstanding[len(live):])

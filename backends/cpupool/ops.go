@@ -643,21 +643,32 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 	earlier := b.trackEarlier(j.w)
 	j.run = func(ctx context.Context, tag uint64) error {
 		resume := tcpmesh.Blocking(ctx) // the earlier works may need this rank's ring readers
-		for _, w := range earlier {
-			if err := w.WaitHost(ctx); err != nil && ctx.Err() != nil {
-				resume()
-				return ctx.Err()
-			}
-		}
+		err := waitEarlier(ctx, earlier)
 		resume()
+		b.unhold()
+		if err != nil {
+			return err
+		}
 		return coll.Barrier(ctx, b.comm, tag)
 	}
 	h := j.h // read before the push: once queued, the job may run, complete and be reused
 	if !b.q.push(j) {
 		j.cancel()
+		b.unhold()
 		return nil, b.usable(op, m.Seq)
 	}
 	return h, nil
+}
+
+// waitEarlier waits for a barrier's earlier works; it fails only when
+// ctx, the barrier's, ends.
+func waitEarlier(ctx context.Context, earlier []backend.Work) error {
+	for _, w := range earlier {
+		if err := w.WaitHost(ctx); err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // MonitoredBarrier implements backend.Backend with Gloo's scheme (rank 0

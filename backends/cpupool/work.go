@@ -55,6 +55,26 @@ type work struct {
 	// inRing says the op waits in the ring: set at issue, cleared under
 	// the ring's lock by whoever takes it out.
 	inRing atomic.Bool
+	// ranHere says the op was run from the ring by its own Wait
+	// (takeDeferred), which has returned: no goroutine of the backend
+	// holds the Work any more. Written and read by the Wait's goroutine
+	// (the dispatcher's blocking form calls Release on it after Wait).
+	ranHere bool
+	// released says the caller gave the Work back (Release) once
+	// ranHere: the sweep that drops it from the outstanding list
+	// (sweepLocked) hands it to the slab for reuse.
+	released atomic.Bool
+}
+
+// Release implements backend.Releaser. Only the Work of a deferred op
+// that its Wait ran (ranHere) is reused: that of an op a worker or
+// another goroutine ran may still be touched by it (the run's release,
+// its Complete's last stores) after Wait returned, and is left to the
+// garbage collector.
+func (w *work) Release() {
+	if w.ranHere {
+		w.released.Store(true)
+	}
 }
 
 // acquire takes a reference to the job, unless the op has completed (a
@@ -91,6 +111,7 @@ func (w *work) release(reuse bool) {
 func (w *work) Wait(ctx context.Context) error {
 	if w.deferred && !w.IsCompleted() {
 		if w.b.takeDeferred(w) {
+			w.ranHere = true
 			return w.HostWork.Wait(ctx)
 		}
 		w.b.awaitJob(w)
@@ -172,7 +193,14 @@ func (p *jobPool) put(j *job) {
 // kept keeps its chunk alive, and with it the outputs of up to
 // slabWorks-1 other ops; hence small ops only (slabBytes), whose outputs
 // are small tensors. The Backend's mu guards it.
-type workSlab struct{ free []work }
+//
+// Works given back (work.Release) and dropped from the outstanding list
+// come back through reused, first out: a blocking loop of small ops
+// (the dispatcher's AllreduceWait) then allocates no Work at all.
+type workSlab struct {
+	free   []work
+	reused []*work
+}
 
 const (
 	// slabWorks is how many Works a chunk holds: a 4 KiB size class's
@@ -185,10 +213,23 @@ const (
 
 // get returns a zero Work; b.mu is held.
 func (s *workSlab) get() *work {
+	if n := len(s.reused); n > 0 {
+		w := s.reused[n-1]
+		s.reused[n-1] = nil
+		s.reused = s.reused[:n-1]
+		return w
+	}
 	if len(s.free) == 0 {
 		s.free = make([]work, slabWorks)
 	}
 	w := &s.free[0]
 	s.free = s.free[1:]
 	return w
+}
+
+// recycle takes back w, given back and dropped from the outstanding
+// list, cleared so that it keeps nothing of its op alive; b.mu is held.
+func (s *workSlab) recycle(w *work) {
+	*w = work{}
+	s.reused = append(s.reused, w)
 }
