@@ -258,6 +258,8 @@ type pgRunner struct {
 	pg     *dispatcher.ProcessGroup
 	dev    *benchDevice
 	depth  int // --depth: ops in flight on the host (0: one per buffer pair)
+	// blocking: at depth 1, call the blocking forms (--blocking).
+	blocking bool
 	// slots and works are run's scratch, kept between runs so that a
 	// timed batch allocates nothing: the buffer pairs in turn, and the
 	// Works of the op in flight on each (two for sendrecv).
@@ -312,6 +314,31 @@ func (p *pgRunner) issue(ctx context.Context, c *benchCase) (w [2]backend.Work, 
 	return w, err
 }
 
+// issueWait runs one op of c through the dispatcher's blocking form
+// (AllreduceWait, ...: c10d's async_op=False), which returns no Work;
+// sendrecv, a pair of ops, is issued and waited for.
+func (p *pgRunner) issueWait(ctx context.Context, c *benchCase) error {
+	switch c.op {
+	case opAllreduce:
+		return p.pg.AllreduceWait(ctx, c.outs, backend.AllreduceOptions{})
+	case opAllgather:
+		return p.pg.AllgatherIntoTensorWait(ctx, c.out, c.in, backend.AllgatherIntoTensorOptions{})
+	case opReduceScatter:
+		return p.pg.ReduceScatterTensorWait(ctx, c.out, c.in, backend.ReduceScatterTensorOptions{})
+	case opBroadcast:
+		return p.pg.BroadcastWait(ctx, c.outs, backend.BroadcastOptions{})
+	case opReduce:
+		return p.pg.ReduceWait(ctx, c.outs, backend.ReduceOptions{})
+	case opAlltoall:
+		return p.pg.AlltoallBaseWait(ctx, c.out, c.in, backend.AlltoallBaseOptions{})
+	}
+	w, err := p.issue(ctx, c)
+	if err != nil {
+		return err
+	}
+	return wait(ctx, &w)
+}
+
 // wait waits for the Works of one slot, in issue order, and clears it.
 func wait(ctx context.Context, ws *[2]backend.Work) error {
 	for k, w := range ws {
@@ -343,6 +370,14 @@ func wait(ctx context.Context, ws *[2]backend.Work) error {
 func (p *pgRunner) run(ctx context.Context, c *benchCase, iters int) error {
 	if p.dev.dev != nil {
 		return p.runStream(ctx, c, iters)
+	}
+	if p.depth == 1 && p.blocking {
+		for range iters {
+			if err := p.issueWait(ctx, c); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	p.slots = append(append(p.slots[:0], c), c.spare...)
 	window := len(p.slots)
@@ -413,6 +448,7 @@ type benchRankFlags struct {
 	cpuprofile string
 	rawNCCL    bool
 	depth      int
+	blocking   bool
 	prewarm    int
 	opts       cpupool.Options
 }
@@ -435,6 +471,7 @@ func benchRank(args []string) error {
 	fs.Float64Var(&f.scale, "iters", 1, "with -n 0: scale the adaptive iteration counts")
 	fs.IntVar(&f.threads, "threads", 2, "cpupool worker threads")
 	fs.StringVar(&f.cpuprofile, "cpuprofile", "", "rank 0 writes a pprof CPU profile of the timed loops here; with {rank} in the path, every rank writes its own")
+	fs.BoolVar(&f.blocking, "blocking", true, "host backends, --depth 1: call the dispatcher's blocking forms (AllreduceWait, ...: c10d's default async_op=False, MPI_Allreduce's semantics), which return no Work, so that the backend may reuse the op's record; false: the async form and Work.Wait")
 	fs.IntVar(&f.depth, "depth", 0, "host backends: ops in flight before the timed loop waits for the oldest (0: one per buffer pair, up to 4; N: only the first N pairs, N ops in flight; 1: each op waited for before the next on one buffer, a blocking loop like MPI_Allreduce's)")
 	fs.IntVar(&f.prewarm, "prewarm", 2, "host backends: before the first size, run 8 B allreduces until every rank's Go runtime has finished this many garbage collections (0: none; see prewarm)")
 	fs.BoolVar(&f.rawNCCL, "raw-nccl", false, "with --backend nccl: also raw NCCL calls on the same communicator")
@@ -480,7 +517,7 @@ func benchRank(args []string) error {
 		return err
 	}
 	defer pg.Close(ctx)
-	runners := []benchRunner{&pgRunner{series: f.backend, pg: pg, dev: dev, depth: f.depth}}
+	runners := []benchRunner{&pgRunner{series: f.backend, pg: pg, dev: dev, depth: f.depth, blocking: f.blocking}}
 	if f.rawNCCL {
 		raw, err := newRawNCCL(ctx, pg, dev)
 		if err != nil {
