@@ -154,6 +154,35 @@ func defineAsync(s *Suite) {
 				Expect(s.Values(ts[i])).To(Equal([]float64{float64(i * s.Size), float64(s.Size * (s.Size - 1) / 2)}))
 			}
 		})
+		It("the blocking forms return each op done, between async ones", func() {
+			ctx, cancel := s.Ctx()
+			defer cancel()
+			var works []backend.Work
+			var ts []*tensor.Tensor
+			want := func(i int) []float64 { return []float64{float64(i * s.Size), float64(s.Size * (s.Size - 1) / 2)} }
+			for i := range 200 {
+				t := s.Tensor(tensor.Float32, []float64{float64(i), float64(s.Rank)})
+				if i%10 == 3 { // an async op, waited for at the end
+					w, err := s.PG.Allreduce(bg, []*tensor.Tensor{t}, backend.AllreduceOptions{})
+					Expect(err).NotTo(HaveOccurred())
+					works, ts = append(works, w), append(ts, t)
+					continue
+				}
+				Expect(s.PG.AllreduceWait(ctx, []*tensor.Tensor{t}, backend.AllreduceOptions{})).To(Succeed(), "op %d", i)
+				Expect(s.Values(t)).To(Equal(want(i)), "op %d", i)
+			}
+			Expect(s.PG.BarrierWait(ctx, backend.BarrierOptions{})).To(Succeed())
+			for k, w := range works {
+				Expect(w.Wait(ctx)).To(Succeed())
+				Expect(s.Values(ts[k])).To(Equal(want(10*k + 3)), "async op %d", 10*k+3)
+			}
+			b := s.Tensor(tensor.Int64, []float64{float64(s.Rank)})
+			Expect(s.PG.BroadcastWait(ctx, []*tensor.Tensor{b}, backend.BroadcastOptions{RootRank: s.Size - 1})).To(Succeed())
+			Expect(s.Values(b)).To(Equal([]float64{float64(s.Size - 1)}))
+			err := s.PG.AllreduceWait(ctx, nil, backend.AllreduceOptions{})
+			Expect(err).To(MatchError(backend.ErrInvalidArgument))
+			Expect(err.Error()).To(ContainSubstring("requires non-empty tensor list"))
+		})
 		It("1000 ops in flight come back correct and in order", Label(LabelStress), func() {
 			const n = 1000
 			type op struct {

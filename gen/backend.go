@@ -148,7 +148,9 @@ func genDocs(s *Spec) ([]byte, error) {
 	var b strings.Builder
 	b.WriteString("<!-- " + header + " -->\n\n# Ops\n\n")
 	b.WriteString("Every op of `spec/ops.yaml`. The dispatcher method is `(*dispatcher.ProcessGroup).<Method>`; ")
-	b.WriteString("the backend method has the same name with a `backend.Meta` after the context.\n\n")
+	b.WriteString("the backend method has the same name with a `backend.Meta` after the context. ")
+	b.WriteString("Each op also has a blocking form, `<Method>Wait` (c10d's `async_op=False`): the op, then its Work's `Wait`; ")
+	b.WriteString("it returns only the error, and the backend may reuse the op's Work (`backend.Releaser`).\n\n")
 	b.WriteString("| op | method | kind | profiling name | flags | arguments | options |\n|---|---|---|---|---|---|---|\n")
 	for _, op := range s.Ops {
 		var args, opts []string
