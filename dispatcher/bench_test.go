@@ -19,6 +19,22 @@ func (*nop) Allreduce(context.Context, backend.Meta, []*tensor.Tensor, backend.A
 	return doneWork, nil
 }
 
+// nopGroup is a group of one rank over the nop backend, with a recorder
+// of entries (-1: off), and the tensor list its ops take; the timer is
+// reset.
+func nopGroup(b *testing.B, entries int) (*ProcessGroup, []*tensor.Tensor) {
+	pg, err := Init(context.Background(), Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "reccpu",
+		FlightRecorder: FlightRecorderOptions{Entries: entries, DumpPrefix: b.TempDir() + "/r"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { pg.Close(context.Background()) })
+	swapBackend(pg, tensor.CPU, &nop{})
+	b.ReportAllocs()
+	b.ResetTimer()
+	return pg, []*tensor.Tensor{tensor.New(tensor.Float32, 1024)}
+}
+
 // BenchmarkDispatchAllreduce is the dispatcher's cost per op, with the
 // flight recorder on (the default) and off.
 func BenchmarkDispatchAllreduce(b *testing.B) {
@@ -27,17 +43,8 @@ func BenchmarkDispatchAllreduce(b *testing.B) {
 		entries int
 	}{{"recorder-off", -1}, {"recorder-on", 0}} {
 		b.Run(c.name, func(b *testing.B) {
-			pg, err := Init(context.Background(), Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "reccpu",
-				FlightRecorder: FlightRecorderOptions{Entries: c.entries, DumpPrefix: b.TempDir() + "/r"}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer pg.Close(context.Background())
-			swapBackend(pg, tensor.CPU, &nop{})
+			pg, x := nopGroup(b, c.entries)
 			ctx := context.Background()
-			x := []*tensor.Tensor{tensor.New(tensor.Float32, 1024)}
-			b.ReportAllocs()
-			b.ResetTimer()
 			for b.Loop() {
 				if _, err := pg.Allreduce(ctx, x, backend.AllreduceOptions{}); err != nil {
 					b.Fatal(err)
@@ -58,17 +65,9 @@ func BenchmarkDispatchAllreduceWait(b *testing.B) {
 	}{{"recorder-off", -1}, {"recorder-on", 0}} {
 		for _, form := range []string{"async", "wait"} {
 			b.Run(c.name+"/"+form, func(b *testing.B) {
-				pg, err := Init(context.Background(), Config{Store: store.NewHashStore(), WorldSize: 1, Backend: "reccpu",
-					FlightRecorder: FlightRecorderOptions{Entries: c.entries, DumpPrefix: b.TempDir() + "/r"}})
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer pg.Close(context.Background())
-				swapBackend(pg, tensor.CPU, &nop{})
+				pg, x := nopGroup(b, c.entries)
 				ctx := context.Background()
-				x := []*tensor.Tensor{tensor.New(tensor.Float32, 1024)}
-				b.ReportAllocs()
-				b.ResetTimer()
+				var err error
 				for b.Loop() {
 					if form == "wait" {
 						err = pg.AllreduceWait(ctx, x, backend.AllreduceOptions{})
