@@ -174,7 +174,7 @@ func defineAsync(s *Suite) {
 			Expect(s.PG.BarrierWait(ctx, backend.BarrierOptions{})).To(Succeed())
 			for k, w := range works {
 				Expect(w.Wait(ctx)).To(Succeed())
-				Expect(s.Values(ts[k])).To(Equal(want(10*k + 3)), "async op %d", 10*k+3)
+				Expect(s.Values(ts[k])).To(Equal(want(10*k+3)), "async op %d", 10*k+3)
 			}
 			b := s.Tensor(tensor.Int64, []float64{float64(s.Rank)})
 			Expect(s.PG.BroadcastWait(ctx, []*tensor.Tensor{b}, backend.BroadcastOptions{RootRank: s.Size - 1})).To(Succeed())
