@@ -93,6 +93,7 @@ func bench(args []string) error {
 	scale := fs.Float64("iters", 1, "with -n 0, and for the raw libucc loop: scale the adaptive iteration counts")
 	tune := fs.String("tune", "", "extra bench-rank flags, e.g. cpupool's '--segment 1048576 --sockbuf 4194304', or '--cpuprofile FILE'")
 	var pf peerFlags
+	fs.IntVar(&pf.depth, "depth", 0, "host backends: ops in flight, for ours and every Go peer (bench-rank's --depth) and the raw libucc loop (its --window); 1: a blocking loop, through the dispatcher's blocking forms (AllreduceWait, ...); 0: bench-rank's default")
 	fs.StringVar(&pf.wrap, "wrap", "", "command prefix for the ranks of ucc and of the raw loop, e.g. 'scripts/ucc-run.sh --' (the sid root)")
 	fs.BoolVar(&pf.raw, "raw", true, "with --backend ucc and auto peers: also the raw libucc loop (benchc/ucc-bench-raw.c, compiled with gcc)")
 	fs.StringVar(&pf.rawThread, "raw-thread", "multiple", "the raw loop's UCC thread mode: multiple (the backend's) or single")
@@ -178,6 +179,9 @@ func bench(args []string) error {
 	// launch (all of them, or one with --by-size).
 	common := func(sz string) []string {
 		c := []string{"--op", opsArg, "--sizes", sz, "-n", strconv.Itoa(*iters), "-w", strconv.Itoa(*warmup), "--iters", fmt.Sprint(*scale)}
+		if pf.depth > 0 {
+			c = append(c, "--depth", strconv.Itoa(pf.depth))
+		}
 		if *check == 1 {
 			c = append(c, "-c")
 		}

@@ -48,6 +48,7 @@ type peerFlags struct {
 	rawBin      string // --raw-bin: the raw loop, built beforehand
 	mpiPrebuilt string // --mpi-bin: the MPI program, built beforehand
 	mpiBin      string // compiled by series (or mpiPrebuilt)
+	depth       int    // --depth: the raw loop's window when set
 }
 
 // series compiles what the C peers need into dir and returns the raw
@@ -88,6 +89,9 @@ func (pf *peerFlags) series(dir, be, iters string, wrap, pin []string) ([]benchS
 				maxBytes = max(maxBytes, b)
 			}
 			window := hostWindow(maxBytes)
+			if pf.depth > 0 {
+				window = pf.depth // bench-rank's --depth, passed to ours
+			}
 			return launchBench(n, func(port int) []string {
 				shm := fmt.Sprintf("/dev/shm/gocoll-ucc-bench-raw-%d-%d", os.Getpid(), port)
 				return append(append([]string{}, wrap...), bin, "--sizes", sizes, "--iters", iters, "--thread", thread, "--shm", shm,
