@@ -224,8 +224,9 @@ func (c corruptRunner) run(ctx context.Context, k *benchCase, iters int) error {
 }
 
 // TestCheckCatchesWrongResults runs every op on two in-process cpupool
-// ranks through measure: the checked result has no wrong element, and
-// once the output is corrupted after the op, the check counts it.
+// ranks through measure, with the default window and with --depth 1 (the
+// blocking forms): the checked result has no wrong element, and once the
+// output is corrupted after the op, the check counts it.
 func TestCheckCatchesWrongResults(t *testing.T) {
 	const world = 2
 	st := store.NewHashStore()
@@ -248,47 +249,49 @@ func TestCheckCatchesWrongResults(t *testing.T) {
 	}()
 	const count = 1000
 	for _, op := range benchOps {
-		for _, inPlace := range []bool{false, true} {
-			for _, corrupt := range []bool{false, true} {
-				if !(&pgRunner{}).supports(op, inPlace, world) {
-					continue
-				}
-				got := make([]int64, world)
-				for r := range world {
-					wg.Go(func() {
-						ctx := context.Background()
-						dev := &benchDevice{}
-						var run benchRunner = &pgRunner{series: "cpupool", pg: pgs[r], dev: dev}
-						if corrupt {
-							run = corruptRunner{run}
-						}
-						var sends, recvs []*tensor.Tensor
-						for range hostWindow(4 * count) {
-							s, _ := dev.alloc(ctx, count)
-							d, _ := dev.alloc(ctx, count)
-							sends, recvs = append(sends, s), append(recvs, d)
-						}
-						c, err := newCases(op, sends, recvs, opCount(op, 4*count, world), r, world, inPlace)
-						if err == nil {
-							_, got[r], err = measure(ctx, pgs[r], dev, run, c, 10, 2, true)
-						}
-						errs[r] = err
-					})
-				}
-				wg.Wait()
-				if err := errors.Join(errs...); err != nil {
-					t.Fatalf("%s %s: %v", op, modeName(inPlace), err)
-				}
-				want := []int64{0, 0}
-				if corrupt {
-					want = []int64{1, 1}
-					if op == opReduce {
-						want = []int64{1, 0} // only the root's output is defined
+		for _, tc := range []struct {
+			inPlace, corrupt bool
+			depth            int
+		}{{false, false, 0}, {false, true, 0}, {true, false, 0}, {true, true, 0}, {false, false, 1}, {true, false, 1}, {true, true, 1}} {
+			inPlace, corrupt, depth := tc.inPlace, tc.corrupt, tc.depth
+			if !(&pgRunner{}).supports(op, inPlace, world) {
+				continue
+			}
+			got := make([]int64, world)
+			for r := range world {
+				wg.Go(func() {
+					ctx := context.Background()
+					dev := &benchDevice{}
+					var run benchRunner = &pgRunner{series: "cpupool", pg: pgs[r], dev: dev, depth: depth, blocking: true}
+					if corrupt {
+						run = corruptRunner{run}
 					}
+					var sends, recvs []*tensor.Tensor
+					for range hostWindow(4 * count) {
+						s, _ := dev.alloc(ctx, count)
+						d, _ := dev.alloc(ctx, count)
+						sends, recvs = append(sends, s), append(recvs, d)
+					}
+					c, err := newCases(op, sends, recvs, opCount(op, 4*count, world), r, world, inPlace)
+					if err == nil {
+						_, got[r], err = measure(ctx, pgs[r], dev, run, c, 10, 2, true)
+					}
+					errs[r] = err
+				})
+			}
+			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatalf("%s %s, depth %d: %v", op, modeName(inPlace), depth, err)
+			}
+			want := []int64{0, 0}
+			if corrupt {
+				want = []int64{1, 1}
+				if op == opReduce {
+					want = []int64{1, 0} // only the root's output is defined
 				}
-				if !reflect.DeepEqual(got, want) {
-					t.Errorf("%s %s, corrupted %v: wrong elements per rank %v, want %v", op, modeName(inPlace), corrupt, got, want)
-				}
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("%s %s, depth %d, corrupted %v: wrong elements per rank %v, want %v", op, modeName(inPlace), depth, corrupt, got, want)
 			}
 		}
 	}
