@@ -64,6 +64,14 @@ type Meta struct {
 	// reading the clock again: a read is ~40 ns on a virtual machine, a
 	// few percent of a GPU op's host cost (issue 16).
 	Issued time.Duration
+	// Waited says the caller waits for the op as soon as the call
+	// returns: the dispatcher's blocking forms (AllreduceWait, ...) set
+	// it. A host backend that runs small ops on the waiting goroutine
+	// need not then arrange for another goroutine to run the op should
+	// nobody wait (cpupool's nudge timer, whose wake-ups took a core
+	// from the ranks of an oversubscribed host: docs/perf.md, issue 17,
+	// twelfth pass).
+	Waited bool
 }
 
 // Config is what a backend is constructed with.

@@ -58,6 +58,7 @@ func (pg *ProcessGroup) runBroadcast(ctx context.Context, tensors []*tensor.Tens
 	if err := pg.begin(ctx, &call, backend.OpBroadcast, false, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
@@ -120,6 +121,7 @@ func (pg *ProcessGroup) runAllreduce(ctx context.Context, tensors []*tensor.Tens
 	if err := pg.begin(ctx, &call, backend.OpAllreduce, false, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
@@ -179,6 +181,7 @@ func (pg *ProcessGroup) runAllreduceCoalesced(ctx context.Context, tensors []*te
 	if err := pg.begin(ctx, &call, backend.OpAllreduceCoalesced, false, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
@@ -243,6 +246,7 @@ func (pg *ProcessGroup) runReduce(ctx context.Context, tensors []*tensor.Tensor,
 	if err := pg.begin(ctx, &call, backend.OpReduce, false, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aTensors, &aTensors)
 	}
@@ -297,6 +301,7 @@ func (pg *ProcessGroup) runAllgather(ctx context.Context, outputs [][]*tensor.Te
 	if err := pg.begin(ctx, &call, backend.OpAllgather, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
@@ -349,6 +354,7 @@ func (pg *ProcessGroup) runAllgatherIntoTensor(ctx context.Context, output *tens
 	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensor, false, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
@@ -403,6 +409,7 @@ func (pg *ProcessGroup) runAllgatherCoalesced(ctx context.Context, outputs [][]*
 	if err := pg.begin(ctx, &call, backend.OpAllgatherCoalesced, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
@@ -457,6 +464,7 @@ func (pg *ProcessGroup) runAllgatherIntoTensorCoalesced(ctx context.Context, out
 	if err := pg.begin(ctx, &call, backend.OpAllgatherIntoTensorCoalesced, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
@@ -512,6 +520,7 @@ func (pg *ProcessGroup) runReduceScatter(ctx context.Context, outputs []*tensor.
 	if err := pg.begin(ctx, &call, backend.OpReduceScatter, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
@@ -565,6 +574,7 @@ func (pg *ProcessGroup) runReduceScatterTensor(ctx context.Context, output *tens
 	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensor, false, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
@@ -620,6 +630,7 @@ func (pg *ProcessGroup) runReduceScatterTensorCoalesced(ctx context.Context, out
 	if err := pg.begin(ctx, &call, backend.OpReduceScatterTensorCoalesced, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
@@ -673,6 +684,7 @@ func (pg *ProcessGroup) runAlltoall(ctx context.Context, outputs []*tensor.Tenso
 	if err := pg.begin(ctx, &call, backend.OpAlltoall, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
@@ -726,6 +738,7 @@ func (pg *ProcessGroup) runAlltoallBase(ctx context.Context, output *tensor.Tens
 	if err := pg.begin(ctx, &call, backend.OpAlltoallBase, false, pg.deviceOf(&aOutput, &aInput), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aInput, &aOutput)
 	}
@@ -780,6 +793,7 @@ func (pg *ProcessGroup) runGather(ctx context.Context, outputs [][]*tensor.Tenso
 	if err := pg.begin(ctx, &call, backend.OpGather, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
@@ -834,6 +848,7 @@ func (pg *ProcessGroup) runScatter(ctx context.Context, outputs []*tensor.Tensor
 	if err := pg.begin(ctx, &call, backend.OpScatter, false, pg.deviceOf(&aOutputs, &aInputs), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aInputs, &aOutputs)
 	}
@@ -888,6 +903,7 @@ func (pg *ProcessGroup) runSend(ctx context.Context, tensors []*tensor.Tensor, d
 	if err := pg.begin(ctx, &call, backend.OpSend, true, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	call.peer = dst
 	if call.hooks != nil {
 		pg.pre(ctx, &call, &aTensors, nil)
@@ -943,6 +959,7 @@ func (pg *ProcessGroup) runRecv(ctx context.Context, tensors []*tensor.Tensor, s
 	if err := pg.begin(ctx, &call, backend.OpRecv, true, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	call.peer = src
 	if call.hooks != nil {
 		pg.pre(ctx, &call, nil, &aTensors)
@@ -997,6 +1014,7 @@ func (pg *ProcessGroup) runRecvAnysource(ctx context.Context, tensors []*tensor.
 	if err := pg.begin(ctx, &call, backend.OpRecvAnysource, true, dev, opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, nil, &aTensors)
 	}
@@ -1041,6 +1059,7 @@ func (pg *ProcessGroup) runBarrier(ctx context.Context, opts backend.BarrierOpti
 	if err := pg.begin(ctx, &call, backend.OpBarrier, false, pg.barrierDevice(backend.OpBarrier, opts.DeviceIDs), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, nil, nil)
 	}
@@ -1085,6 +1104,7 @@ func (pg *ProcessGroup) runMonitoredBarrier(ctx context.Context, opts backend.Mo
 	if err := pg.begin(ctx, &call, backend.OpMonitoredBarrier, false, pg.barrierDevice(backend.OpMonitoredBarrier, nil), opts.Timeout); err != nil {
 		return nil, err
 	}
+	call.meta.Waited = wait
 	if call.hooks != nil {
 		pg.pre(ctx, &call, nil, nil)
 	}

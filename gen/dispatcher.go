@@ -161,6 +161,7 @@ func genDispatcher(s *Spec) ([]byte, error) {
 			// call is filled in place: a returned opCall would be copied.
 			Var().Id("call").Id("opCall"),
 			If(Err().Op(":=").Id("pg").Dot("begin").Call(Id("ctx"), Op("&").Id("call"), Qual(pkgBackend, opConst(op)), Lit(op.Kind == "p2p"), route, Id("opts").Dot("Timeout")), Err().Op("!=").Nil()).Block(Return(Nil(), Err())),
+			Id("call").Dot("meta").Dot("Waited").Op("=").Id("wait"),
 		)
 		// The recorder and the hooks see the tensors and the peer: pre and
 		// post get pointers to the views of the op's input and output

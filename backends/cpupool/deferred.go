@@ -107,7 +107,13 @@ func (b *Backend) deferLane(ctx context.Context, op backend.Op, m backend.Meta, 
 	r.waiting.Store(int32(r.n))
 	r.mu.Unlock()
 	b.mu.Unlock()
-	b.q.armDeferred()
+	if !m.Waited {
+		// Nobody may wait: the nudge runs the op then. A blocking call
+		// (Meta.Waited) runs it from its Wait right away, and the timer's
+		// wake-ups, one thread each, took a core from the ranks of an
+		// oversubscribed host (docs/perf.md, issue 17, twelfth pass).
+		b.q.armDeferred()
+	}
 	return h, true
 }
 

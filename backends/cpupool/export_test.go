@@ -18,3 +18,6 @@ func Probe(b backend.Backend) (issued uint64, busy bool) {
 	v := b.(*Backend).probeValue()
 	return v &^ probeBusy, v&probeBusy != 0
 }
+
+// NudgeArmed reports whether b's nudge timer is set.
+func NudgeArmed(b backend.Backend) bool { return b.(*Backend).q.armedA.Load() }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/backends/cpupool"
 	"github.com/gocoll/gocoll/dispatcher"
 	"github.com/gocoll/gocoll/internal/testgroup"
 	"github.com/gocoll/gocoll/store"
@@ -110,4 +111,44 @@ func TestWaitFormReusesWorks(t *testing.T) {
 	if per >= 64 {
 		t.Fatalf("%.1f bytes allocated per op on two ranks: the Works are not reused (168 B each otherwise)", per)
 	}
+}
+
+// TestWaitFormSetsNoTimer: a blocking small op (Meta.Waited) is run by
+// its own Wait, so it sets no nudge timer, whose wake-ups took a core from
+// the ranks of an oversubscribed host; an async one, which nobody may
+// wait for, still sets it, so that a worker runs the op.
+func TestWaitFormSetsNoTimer(t *testing.T) {
+	ctx := context.Background()
+	pgs := pgGroup(t, 2)
+	bs := make([]backend.Backend, len(pgs))
+	for r, pg := range pgs {
+		bs[r], _ = pg.Backend(tensor.CPU)
+	}
+	// Past the nudge's longest period, so that a timer set before fired.
+	time.Sleep(20 * time.Millisecond)
+	eachPG(t, pgs, func(r int, pg *dispatcher.ProcessGroup) error {
+		x := []*tensor.Tensor{tensor.New(tensor.Float32, 2)}
+		for range 200 {
+			if err := pg.AllreduceWait(ctx, x, backend.AllreduceOptions{}); err != nil {
+				return err
+			}
+			if cpupool.NudgeArmed(bs[r]) {
+				return fmt.Errorf("rank %d: a blocking op set the nudge timer", r)
+			}
+		}
+		w, err := pg.Allreduce(ctx, x, backend.AllreduceOptions{})
+		if err != nil {
+			return err
+		}
+		// Idle before it, the op waits in the ring; the timer's shortest
+		// period (200 µs) is far longer than this look takes.
+		armed := cpupool.NudgeArmed(bs[r])
+		if err := w.Wait(ctx); err != nil {
+			return err
+		}
+		if !armed {
+			return fmt.Errorf("rank %d: an async op left in the ring set no nudge timer", r)
+		}
+		return nil
+	})
 }
