@@ -406,6 +406,10 @@ type job struct {
 	k       reduce.Kernel                               // and its reduction
 	lo      laneOp                                      // its view of the lanes
 	waited  atomic.Bool                                 // a goroutine waits for this lane op (help)
+	// atOnce: its caller waits as soon as the issue returns
+	// (backend.Meta.Waited), and its Wait runs it: push sets no nudge
+	// timer for it.
+	atOnce bool
 }
 
 func (b *Backend) worker() {
@@ -507,6 +511,7 @@ func (b *Backend) newJobWork(ctx context.Context, op backend.Op, m backend.Meta,
 	to := m.Timeout
 	j := b.jobs.get()
 	j.op, j.seq, j.peer, j.timeout, j.outputs, j.run = op, m.Seq, -1, to, outputs, run
+	j.atOnce = m.Waited
 	j.jc.init(ctx, to, m.Issued) // the timeout runs from the dispatcher's issue
 	j.ctx = &j.jc
 	// The Work is the op's one allocation (docs/perf.md, issue 17): the

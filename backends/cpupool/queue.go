@@ -166,7 +166,9 @@ func (q *queue) push(j *job) bool {
 	q.n.Add(1)
 	if q.idle > 0 {
 		if q.nudge != nil && (j.lane || len(q.items)-q.head == 1) {
-			q.armLocked()
+			if !j.atOnce { // else its Wait, due at once, runs it
+				q.armLocked()
+			}
 		} else {
 			q.cond.Signal()
 		}

@@ -113,8 +113,8 @@ func TestWaitFormReusesWorks(t *testing.T) {
 	}
 }
 
-// TestWaitFormSetsNoTimer: a blocking small op (Meta.Waited) is run by
-// its own Wait, so it sets no nudge timer, whose wake-ups took a core from
+// TestWaitFormSetsNoTimer: a blocking op (Meta.Waited), deferred or
+// queued, is run by its own Wait, so it sets no nudge timer, whose wake-ups took a core from
 // the ranks of an oversubscribed host; an async one, which nobody may
 // wait for, still sets it, so that a worker runs the op.
 func TestWaitFormSetsNoTimer(t *testing.T) {
@@ -128,12 +128,17 @@ func TestWaitFormSetsNoTimer(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	eachPG(t, pgs, func(r int, pg *dispatcher.ProcessGroup) error {
 		x := []*tensor.Tensor{tensor.New(tensor.Float32, 2)}
-		for range 200 {
-			if err := pg.AllreduceWait(ctx, x, backend.AllreduceOptions{}); err != nil {
+		big := []*tensor.Tensor{tensor.New(tensor.Float32, 16<<10)} // 64 KiB: queued, not deferred
+		for k := range 200 {
+			ts := x
+			if k%4 == 3 {
+				ts = big
+			}
+			if err := pg.AllreduceWait(ctx, ts, backend.AllreduceOptions{}); err != nil {
 				return err
 			}
 			if cpupool.NudgeArmed(bs[r]) {
-				return fmt.Errorf("rank %d: a blocking op set the nudge timer", r)
+				return fmt.Errorf("rank %d: a blocking op of %d B set the nudge timer", r, ts[0].Numel()*4)
 			}
 		}
 		w, err := pg.Allreduce(ctx, x, backend.AllreduceOptions{})
