@@ -20,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/gocoll/gocoll/dispatcher"
+	"github.com/gocoll/gocoll/internal/testgroup"
 	"github.com/gocoll/gocoll/store"
 	"github.com/gocoll/gocoll/tensor"
 	"golang.org/x/sys/unix"
@@ -230,23 +231,11 @@ func (c corruptRunner) run(ctx context.Context, k *benchCase, iters int) error {
 func TestCheckCatchesWrongResults(t *testing.T) {
 	const world = 2
 	st := store.NewHashStore()
-	pgs := make([]*dispatcher.ProcessGroup, world)
+	pgs := testgroup.StartClosed(t, world, func(r int) (*dispatcher.ProcessGroup, error) {
+		return dispatcher.Init(context.Background(), dispatcher.Config{Backend: "cpupool", Store: st, Rank: r, WorldSize: world, Timeout: 20 * time.Second})
+	})
 	errs := make([]error, world)
 	var wg sync.WaitGroup
-	for r := range world {
-		wg.Go(func() {
-			pgs[r], errs[r] = dispatcher.Init(context.Background(), dispatcher.Config{Backend: "cpupool", Store: st, Rank: r, WorldSize: world, Timeout: 20 * time.Second})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, pg := range pgs {
-			pg.Close(context.Background())
-		}
-	}()
 	const count = 1000
 	for _, op := range benchOps {
 		for _, tc := range []struct {
