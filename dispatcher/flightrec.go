@@ -238,18 +238,16 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, w backend.Wo
 	if g.status != nil && !isP2P {
 		g.status.LastEnqueued = int64(seq)
 	}
-	var slot *frEntry
+	// The ring fills in order, so head is the new entry's index on the
+	// first pass too.
 	idx := fr.head
 	if len(fr.ring) < cap(fr.ring) {
 		fr.ring = append(fr.ring, frEntry{})
-		idx = int32(len(fr.ring) - 1)
-		slot = &fr.ring[idx]
-	} else {
-		slot = &fr.ring[idx]
-		if slot.work != nil || slot.ho != nil { // overwritten while pending
-			slot.work, slot.ho = nil, nil
-			fr.pending--
-		}
+	}
+	slot := &fr.ring[idx]
+	if slot.work != nil || slot.ho != nil { // overwritten while pending
+		slot.work, slot.ho = nil, nil
+		fr.pending--
 	}
 	if fr.head++; int(fr.head) == cap(fr.ring) {
 		fr.head = 0
