@@ -147,7 +147,12 @@ type Backend struct {
 	// recs is the pool of op records (work.go): a record comes back once
 	// its op has left UCC, so a small op allocates only its handle (and
 	// that from a chunk, handleChunk).
-	recs    sync.Pool
+	recs sync.Pool
+	// handles are the handles given back by Release (work.go), zeroed;
+	// holds counts the pending barriers that hold handles of earlier ops
+	// (work.deps), during which Release keeps none.
+	handles sync.Pool
+	holds   atomic.Int32
 	stopped error // ErrClosed or the abort error; later ops fail with it
 	wd      *watch.Watchdog[*work]
 	fp      *fpGate   // the fingerprint check (fingerprint.go); nil when off

@@ -138,6 +138,9 @@ func (b *Backend) drive(ctx context.Context, h *handle) (start time.Time) {
 				}
 				b.reapLocked()
 			}
+			if h.done.Load() && h.rec == nil {
+				h.mine = true // seen done under b.mu, its record recycled (Release)
+			}
 			b.driveCalls++
 			resched := false
 			if b.driveCalls&127 == 0 {

@@ -185,6 +185,9 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 				w.deps = append(w.deps, o.h)
 			}
 		}
+		if w.deps != nil {
+			b.holds.Add(1) // until testLocked lets them go
+		}
 	}
 	w.h.enq = b.issued(p.m)
 	if b.fp != nil && (w.fpw.on || len(b.fp.q) > 0) {

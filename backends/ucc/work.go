@@ -68,6 +68,11 @@ type handle struct {
 	done atomic.Bool
 
 	op backend.Op
+	// mine says that the goroutine that will Release the handle saw it
+	// complete under b.mu, after its record went back to the pool: no
+	// goroutine of the backend holds it any more (Release). Written
+	// under b.mu by the completing submit or the waiter's drive.
+	mine bool
 }
 
 var _ backend.Work = (*handle)(nil)
@@ -145,11 +150,14 @@ func (b *Backend) newWork(op backend.Op, m backend.Meta, outputs []*tensor.Tenso
 	if w == nil {
 		w = new(work)
 	}
-	if len(w.hs) == 0 {
-		w.hs = make([]handle, handleChunk)
+	h, _ := b.handles.Get().(*handle) // zero (Release)
+	if h == nil {
+		if len(w.hs) == 0 {
+			w.hs = make([]handle, handleChunk)
+		}
+		h = &w.hs[0] // zero: each handle of a chunk is handed out once
+		w.hs = w.hs[1:]
 	}
-	h := &w.hs[0] // zero: each handle of a chunk is handed out once
-	w.hs = w.hs[1:]
 	h.b, h.op, h.seq, h.timeout = b, op, m.Seq, m.Timeout
 	w.h, h.rec = h, w
 	// Field by field: a record is zero (new, or cleared by recycleLocked),
@@ -203,6 +211,7 @@ func (h *handle) complete(res []*tensor.Tensor, err error) bool {
 func (h *handle) completeFresh(res []*tensor.Tensor) {
 	h.res, h.end = res, h.b.now()
 	h.done.Store(true)
+	h.mine = true // its record is recycled next (a fresh op is not watched)
 }
 
 // doneCh is the channel closed at completion, made on first use.
@@ -247,6 +256,9 @@ func (w *work) testLocked(fresh bool) bool {
 		if !d.IsCompleted() {
 			return false
 		}
+	}
+	if w.deps != nil {
+		w.b.holds.Add(-1)
 	}
 	w.deps = nil
 	if len(w.pins) > 0 || len(w.arrs) > 0 {
@@ -333,6 +345,28 @@ func (h *handle) Wait(ctx context.Context) error {
 		<-h.doneCh()
 	}
 	return h.rerr
+}
+
+// Release implements backend.Releaser: the dispatcher's blocking forms
+// give back the handle of an op that succeeded, and the next op's newWork
+// takes it from b.handles instead of a chunk, so that a loop of blocking
+// small ops allocates nothing. It is ignored unless nothing of the backend
+// can still reach the handle:
+//   - mine: it completed in its own submit, or its waiter saw it complete
+//     under b.mu (drive), after its record was recycled; a record the
+//     watchdog took keeps its handle, and a handle the progress goroutine
+//     completed while the caller blocked is left to the garbage collector
+//     (that goroutine may still be inside complete);
+//   - no pending barrier holds handles of earlier ops (b.holds);
+//   - it carries no error, channel or Future, which only an op that
+//     failed or a caller that blocked or asked for them makes.
+func (h *handle) Release() {
+	b := h.b
+	if !h.mine || h.rerr != nil || h.ch != nil || h.fut != nil || b.holds.Load() > 0 {
+		return
+	}
+	*h = handle{}
+	b.handles.Put(h)
 }
 
 // BlockStream implements backend.Work: with no stream to order, it blocks
