@@ -170,7 +170,7 @@ type outcomer interface {
 }
 
 // completedAter is a Work that knows when it completed
-// (backend.HostWork, and the works that embed one, as ucc's).
+// (backend.HostWork, and the works that embed one).
 type completedAter interface{ CompletedAt() time.Duration }
 
 // finished records w, which has completed; issued, on the backend.Mono

@@ -411,6 +411,22 @@ func (h *handle) Duration() (time.Duration, error) {
 	return h.end - h.enq, nil
 }
 
+// Outcome tells, in one call, what the flight recorder and the metrics
+// note of a completed op (backend.HostWork.Outcome's contract): when it
+// completed on the backend.Mono clock (0, with the rest zero, before it
+// has), its Duration and its Exception. Why: a Work without it is one
+// the dispatcher cannot look at on the host, so the recorder kept every
+// op's handle until its poll and the metrics handed each to their
+// follower goroutine, and no blocking form ever gave its handle back
+// (Release): at two ranks, 8 B through conftest bench, the recorder on,
+// an allocation per op and its garbage collections.
+func (h *handle) Outcome() (at, dur time.Duration, timed bool, err error) {
+	if !h.done.Load() {
+		return 0, 0, false, nil
+	}
+	return h.end, h.end - h.enq, true, h.rerr
+}
+
 // Abort implements backend.Work: it fails this op with ErrAborted (UCC
 // cannot cancel the requests, which stay posted, as after a timeout).
 func (h *handle) Abort(reason error) {
