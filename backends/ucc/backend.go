@@ -174,9 +174,10 @@ type Backend struct {
 	// without taking mu while a driver holds it.
 	npending atomic.Int32
 
-	// driveCalls counts gu_drive calls and lastResched is when a driver
-	// last passed through the Go scheduler (drive.go's reschedEvery); mu.
-	driveCalls  uint32
+	// rounds counts gu_drive calls and submits, and lastResched is when
+	// a caller last passed through the Go scheduler (drive.go's
+	// reschedEvery, reschedDueLocked); mu.
+	rounds      uint32
 	lastResched time.Time
 
 	// yield is Options.Yield resolved: drivers give their core away

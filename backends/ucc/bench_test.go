@@ -14,10 +14,11 @@ import (
 // the same run: an allreduce (float32 SUM, in place) issued and waited
 // through the backend ("backend"), and the same UCC calls made by a C loop
 // on the same team with nothing of the backend in between ("raw"), as
-// cmd/conftest/benchc/ucc-bench-raw.c makes them. One rank (UCC's self
-// transport): what is left is the issue path, the Work and the wait, not
-// the wire; `conftest bench` measures several ranks. Run it in the sid
-// root:
+// cmd/conftest/benchc/ucc-bench-raw.c makes them, and that loop called
+// from Go once per op ("raw-each": the cgo crossing's own cost). One rank
+// (UCC's self transport): what is left is the issue path, the Work and the
+// wait, not the wire; BenchmarkTwoRanks8B and `conftest bench` measure two
+// ranks. Run it in the sid root:
 //
 //	GOCOLL_UCC_TEST_RACE=0 scripts/ucc-test.sh ./backends/ucc -test.run '^$' -test.bench Allreduce -test.benchmem
 func BenchmarkAllreduce(b *testing.B) {
@@ -43,7 +44,13 @@ func BenchmarkAllreduce(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("%dB/raw", size), func(b *testing.B) {
 			b.ReportAllocs()
-			if err := ucc.RawAllreduce(be, t.Bytes(), b.N); err != nil {
+			if err := ucc.RawAllreduce(be, t.Bytes(), b.N, false); err != nil {
+				b.Fatal(err)
+			}
+		})
+		b.Run(fmt.Sprintf("%dB/raw-each", size), func(b *testing.B) {
+			b.ReportAllocs()
+			if err := ucc.RawAllreduce(be, t.Bytes(), b.N, true); err != nil {
 				b.Fatal(err)
 			}
 		})

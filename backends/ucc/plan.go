@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"unsafe"
 
 	"github.com/gocoll/gocoll/backend"
@@ -149,7 +150,6 @@ func errKind(err error) error {
 // the error (ErrUnsupported when UCC has no algorithm) comes back now.
 func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	_ = ctx
-	w := p.w
 	// A caller in the backend, as a drive is: the progress goroutine
 	// keeps out of UCC while callers come (backend.go's progress). Why
 	// here too: UCC's post of a large op runs for milliseconds (1.4 ms at
@@ -158,7 +158,19 @@ func (b *Backend) submit(ctx context.Context, p *plan) (backend.Work, error) {
 	// leave the next Wait spinning on TryLock: a third busy thread.
 	b.drives.Add(1)
 	b.lockOut() // a goroutine driving progress in Wait lets this in (drive.go)
-	defer b.mu.Unlock()
+	h, err := b.submitLocked(p)
+	resched := b.reschedDueLocked()
+	b.mu.Unlock()
+	if resched {
+		runtime.Gosched()
+	}
+	return h, err
+}
+
+// submitLocked is submit's body, under b.mu. It returns a nil Work with
+// an error.
+func (b *Backend) submitLocked(p *plan) (backend.Work, error) {
+	w := p.w
 	if err := b.usableLocked(p.op, p.m.Seq); err != nil {
 		return nil, err
 	}

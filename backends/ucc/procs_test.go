@@ -26,30 +26,11 @@ import (
 // false.
 func inRankProcesses(t *testing.T, test, env string, rank func(t *testing.T, rank int, path string)) bool {
 	t.Helper()
-	if v := os.Getenv(env); v != "" {
-		r, path, _ := strings.Cut(v, ":")
-		n, err := strconv.Atoi(r)
-		if err != nil {
-			t.Fatalf("%s=%q", env, v)
-		}
-		rank(t, n, path)
+	if r, path, ok := rankOf(t, env); ok {
+		rank(t, r, path)
 		return true
 	}
-	if err := Load(); err != nil {
-		t.Skipf("libucc cannot be loaded here (%v); the ucc conformance run in the sid root covers the backend", err)
-	}
-	path := filepath.Join(t.TempDir(), "store")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	outs := make([][]byte, 2)
-	errs := make([]error, 2)
-	for r := range 2 {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^"+test+"$", "-test.v")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%s", env, r, path))
-		wg.Go(func() { outs[r], errs[r] = cmd.CombinedOutput() })
-	}
-	wg.Wait()
+	outs, errs := spawnRanks(t, env, "-test.run", "^"+test+"$", "-test.v")
 	for r := range 2 {
 		if errs[r] != nil || !strings.Contains(string(outs[r]), "--- PASS: "+test) {
 			t.Errorf("rank %d: %v\n%s", r, errs[r], outs[r])
@@ -58,10 +39,48 @@ func inRankProcesses(t *testing.T, test, env string, rank func(t *testing.T, ran
 	return false
 }
 
+// rankOf reports this process's rank and store file when it is a rank
+// process of spawnRanks (env set).
+func rankOf(tb testing.TB, env string) (rank int, path string, ok bool) {
+	v := os.Getenv(env)
+	if v == "" {
+		return 0, "", false
+	}
+	r, path, _ := strings.Cut(v, ":")
+	n, err := strconv.Atoi(r)
+	if err != nil {
+		tb.Fatalf("%s=%q", env, v)
+	}
+	return n, path, true
+}
+
+// spawnRanks runs the test binary twice with args, as ranks 0 and 1 (env
+// set to "RANK:STOREFILE", a file store in a fresh directory), and returns
+// their combined output and exit errors. It skips where libucc cannot be
+// loaded.
+func spawnRanks(tb testing.TB, env string, args ...string) (outs [][]byte, errs []error) {
+	tb.Helper()
+	if err := Load(); err != nil {
+		tb.Skipf("libucc cannot be loaded here (%v); the ucc conformance run in the sid root covers the backend", err)
+	}
+	path := filepath.Join(tb.TempDir(), "store")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	outs, errs = make([][]byte, 2), make([]error, 2)
+	for r := range 2 {
+		cmd := exec.CommandContext(ctx, os.Args[0], args...)
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%s", env, r, path))
+		wg.Go(func() { outs[r], errs[r] = cmd.CombinedOutput() })
+	}
+	wg.Wait()
+	return outs, errs
+}
+
 // rankBackend opens the file store at path and a 2-rank shm-fingerprint
 // ucc backend on it for one rank of an inRankProcesses test; both close
 // when the test ends.
-func rankBackend(t *testing.T, rank int, path, desc string, timeout time.Duration) (*store.FileStore, *Backend) {
+func rankBackend(t testing.TB, rank int, path, desc string, timeout time.Duration) (*store.FileStore, *Backend) {
 	t.Helper()
 	st, err := store.NewFileStore(path)
 	if err != nil {

@@ -1,0 +1,117 @@
+package ucc
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/tensor"
+)
+
+// twoRanksEnv marks a rank process of BenchmarkTwoRanks8B.
+const twoRanksEnv = "GOCOLL_UCC_BENCH_TWO_RANKS"
+
+// twoRanksSeries are the loops of BenchmarkTwoRanks8B, in the order each
+// round runs them.
+var twoRanksSeries = []string{"raw", "raw-each", "backend"}
+
+// BenchmarkTwoRanks8B splits the 8 B allreduce's time at two ranks, where
+// the backend's distance from raw libucc is measured (issue 12): each rank
+// a process (inRankProcesses says why), one team, the three loops taking
+// turns in rounds of GOCOLL_UCC_BENCH_OPS ops (default 200 000):
+//   - raw: the C loop of the raw libucc peer, all ops in one cgo call;
+//   - raw-each: that loop called once per op from Go, nothing else between
+//     the calls: the floor of an op per crossing;
+//   - backend: Allreduce with Meta.Waited, Wait and Release, as the
+//     dispatcher's AllreduceWait calls them, fingerprint check on.
+//
+// At two ranks the op's time is a chain: the rank that posts last finds
+// its peer's data there and completes inside its post, so its Go from that
+// completion to its next post is on every op's path, and a CPU nanosecond
+// there costs more than one of the op's time when both ranks run Go at
+// once. Rank 0's median per-op time of each loop over the rounds is
+// reported as ns/op-SERIES; b.N is ignored (one pair of processes). Run it
+// in the sid root:
+//
+//	GOCOLL_UCC_TEST_RACE=0 scripts/ucc-test.sh ./backends/ucc -test.run '^$' -test.bench TwoRanks8B
+func BenchmarkTwoRanks8B(b *testing.B) {
+	if r, path, ok := rankOf(b, twoRanksEnv); ok {
+		twoRanksRank(b, r, path)
+		return
+	}
+	outs, errs := spawnRanks(b, twoRanksEnv, "-test.run", "^$", "-test.bench", "^BenchmarkTwoRanks8B$", "-test.benchtime", "1x")
+	for r := range 2 {
+		if errs[r] != nil || !strings.Contains(string(outs[r]), "PASS") {
+			b.Fatalf("rank %d: %v\n%s", r, errs[r], outs[r])
+		}
+	}
+	times := map[string][]float64{}
+	for _, line := range strings.Split(string(outs[0]), "\n") {
+		// "tworanks SERIES NS" lines of twoRanksRank.
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "tworanks" {
+			if ns, err := strconv.ParseFloat(f[2], 64); err == nil {
+				times[f[1]] = append(times[f[1]], ns)
+			}
+		}
+	}
+	for _, s := range twoRanksSeries {
+		if len(times[s]) == 0 {
+			b.Fatalf("rank 0 reported no %s times:\n%s", s, outs[0])
+		}
+		slices.Sort(times[s])
+		b.ReportMetric(times[s][len(times[s])/2], "ns/op-"+s)
+	}
+}
+
+// twoRanksRank is one rank of BenchmarkTwoRanks8B: it prints a line
+// "tworanks SERIES NS" per loop and round.
+func twoRanksRank(b *testing.B, rank int, path string) {
+	_, be := rankBackend(b, rank, path, "two-ranks", time.Minute)
+	ops := 200000
+	if v, err := strconv.Atoi(os.Getenv("GOCOLL_UCC_BENCH_OPS")); err == nil && v > 0 {
+		ops = v
+	}
+	ctx := context.Background()
+	x := tensor.New(tensor.Float32, 2)
+	xs := []*tensor.Tensor{x}
+	seq := uint64(0)
+	loops := map[string]func(n int) error{
+		"raw":      func(n int) error { return be.rawAllreduce(x.Bytes(), n, false) },
+		"raw-each": func(n int) error { return be.rawAllreduce(x.Bytes(), n, true) },
+		"backend": func(n int) error {
+			for range n {
+				seq++
+				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Waited: true}, xs, backend.AllreduceOptions{})
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(ctx); err != nil {
+					return err
+				}
+				w.(backend.Releaser).Release()
+			}
+			return nil
+		},
+	}
+	for _, s := range twoRanksSeries { // warm every loop up
+		if err := loops[s](ops / 10); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range 3 {
+		for _, s := range twoRanksSeries {
+			start := time.Now()
+			if err := loops[s](ops); err != nil {
+				b.Fatal(err)
+			}
+			fmt.Printf("tworanks %s %.1f\n", s, float64(time.Since(start).Nanoseconds())/float64(ops))
+		}
+	}
+}
