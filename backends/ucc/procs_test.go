@@ -82,6 +82,12 @@ func spawnRanks(tb testing.TB, env string, args ...string) (outs [][]byte, errs 
 // when the test ends.
 func rankBackend(t testing.TB, rank int, path, desc string, timeout time.Duration) (*store.FileStore, *Backend) {
 	t.Helper()
+	return rankBackendWith(t, rank, path, desc, timeout, &Options{Fingerprints: FingerprintsShm})
+}
+
+// rankBackendWith is rankBackend with the backend's options.
+func rankBackendWith(t testing.TB, rank int, path, desc string, timeout time.Duration, opts *Options) (*store.FileStore, *Backend) {
+	t.Helper()
 	st, err := store.NewFileStore(path)
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +96,7 @@ func rankBackend(t testing.TB, rank int, path, desc string, timeout time.Duratio
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	be, err := New(ctx, backend.Config{Store: st, Rank: rank, WorldSize: 2, GroupName: "0", GroupDesc: desc,
-		Timeout: timeout, Options: &Options{Fingerprints: FingerprintsShm}})
+		Timeout: timeout, Options: opts})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,8 @@ var twoRanksSeries = []string{"raw", "raw-each", "backend"}
 //   - raw-each: that loop called once per op from Go, nothing else between
 //     the calls: the floor of an op per crossing;
 //   - backend: Allreduce with Meta.Waited, Wait and Release, as the
-//     dispatcher's AllreduceWait calls them, fingerprint check on.
+//     dispatcher's AllreduceWait calls them, fingerprint check on (on the
+//     shared-memory board; GOCOLL_UCC_FINGERPRINTS=off turns it off).
 //
 // At two ranks the op's time is a chain: the rank that posts last finds
 // its peer's data there and completes inside its post, so its Go from that
@@ -73,7 +74,13 @@ func BenchmarkTwoRanks8B(b *testing.B) {
 // twoRanksRank is one rank of BenchmarkTwoRanks8B: it prints a line
 // "tworanks SERIES NS" per loop and round.
 func twoRanksRank(b *testing.B, rank int, path string) {
-	_, be := rankBackend(b, rank, path, "two-ranks", time.Minute)
+	// The check on the shared-memory board unless GOCOLL_UCC_FINGERPRINTS
+	// says otherwise (off: the backend without it).
+	fp := FingerprintsShm
+	if v := os.Getenv(EnvFingerprints); v != "" {
+		fp = v
+	}
+	_, be := rankBackendWith(b, rank, path, "two-ranks", time.Minute, &Options{Fingerprints: fp})
 	ops := 200000
 	if v, err := strconv.Atoi(os.Getenv("GOCOLL_UCC_BENCH_OPS")); err == nil && v > 0 {
 		ops = v
