@@ -24,16 +24,18 @@ import (
 // about 450 bytes more), which the backend alone holds.
 //
 // Why two: the record is needed only while the op is on its way through
-// the check and UCC; the handle lives as long as the caller keeps it, and
-// backend.Work has no release. The record goes back to the backend's pool
-// (Backend.recs) as soon as the op has left UCC and completed, so that an
-// allreduce of one tensor allocates only the handle: allocating and first
-// touching a fresh 640-byte work per op was a quarter of the Go cost of
-// an 8 B allreduce, and its garbage a GC every few thousand ops that moved
-// the spinning goroutine to another thread. The handles themselves come
-// from chunks (handleChunk). Everything a caller can ask of
-// an old handle (Exception, Future, Duration, SeqNum, Wait) is the
-// handle's own, so a recycled record cannot change it.
+// the check and UCC; the handle lives as long as the caller keeps it
+// (an async op's caller may keep it for good). The record goes back to the
+// backend's pool (Backend.recs) as soon as the op has left UCC and
+// completed, so that an allreduce of one tensor allocates only the handle:
+// allocating and first touching a fresh 640-byte work per op was a quarter
+// of the Go cost of an 8 B allreduce, and its garbage a GC every few
+// thousand ops that moved the spinning goroutine to another thread. The
+// handles themselves come from chunks (handleChunk), or back from the
+// dispatcher's blocking forms (handle.Release), which allocate nothing.
+// Everything a caller can ask of an old handle (Exception, Future,
+// Duration, SeqNum, Wait) is the handle's own, so a recycled record cannot
+// change it.
 //
 // A record stays out of the pool, and goes to the garbage collector
 // instead, when anything but b.mu's structures may still point at it: the
