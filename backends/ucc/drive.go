@@ -52,12 +52,12 @@ const driveSlice = 250 * time.Microsecond
 // sysmon then retakes the P from under the cgo call and falls back to
 // polling every 20 µs, thousands of thread wake-ups a second that each
 // take a core from a spinning rank; a pass through the scheduler every
-// 5 ms keeps sysmon asleep. The submit counts too: at two ranks the rank
-// that posts last finds its peer's data there and completes nearly every
-// 8 B op inside its submit, never entering a drive; its loop of one cgo
-// crossing per op then took 1.7–2.2 µs per op against 1.05–1.1 with the
-// pass (the raw libucc loop: 0.9), BenchmarkTwoRanks8B's raw-each on the
-// dev machine.
+// 5 ms keeps sysmon asleep. The submit counts too: at two ranks most 8 B
+// ops complete inside their submit (its progress round finds the peer's
+// data there), and a rank whose ops all do never enters a drive; a loop
+// of one cgo crossing per op then took 1.7–2.2 µs per op against
+// 1.05–1.1 with the pass (the raw libucc loop: 0.9), BenchmarkTwoRanks8B's
+// raw-each on the dev machine.
 const reschedEvery = 5 * time.Millisecond
 
 // drive progresses the context from the waiting goroutine until w leaves

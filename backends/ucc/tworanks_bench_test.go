@@ -32,11 +32,11 @@ var twoRanksSeries = []string{"raw", "raw-each", "backend"}
 //     dispatcher's AllreduceWait calls them, fingerprint check on (on the
 //     shared-memory board; GOCOLL_UCC_FINGERPRINTS=off turns it off).
 //
-// At two ranks the op's time is a chain: the rank that posts last finds
-// its peer's data there and completes inside its post, so its Go from that
-// completion to its next post is on every op's path, and a CPU nanosecond
-// there costs more than one of the op's time when both ranks run Go at
-// once. Rank 0's median per-op time of each loop over the rounds is
+// At two ranks most ops complete inside their post (its progress round
+// finds the peer's data there), so a rank's Go from that completion to its
+// next post is on every op's path, and a CPU nanosecond there cost 1.5–3
+// ns of the op's time in the session-11 runs (docs/perf.md, ucc
+// "Fifteenth round"). Rank 0's median per-op time of each loop over the rounds is
 // reported as ns/op-SERIES; b.N is ignored (one pair of processes). Run it
 // in the sid root:
 //
