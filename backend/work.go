@@ -354,6 +354,18 @@ type Releaser interface {
 	Release()
 }
 
+// OutcomeReporter is implemented by a host work whose state is a few
+// words, cheap to read on the issuing goroutine: HostWork, the works built
+// on it, and ucc's. Outcome tells, in one call, what the dispatcher's
+// flight recorder and the metrics note of the op once it has completed
+// (HostWork.Outcome's contract: at, on the Mono clock, is 0, with the rest
+// zero, until then). A completed Work that has it is one they need not
+// keep: they look at it at once, and the blocking forms may hand it back
+// to its backend (Releaser).
+type OutcomeReporter interface {
+	Outcome() (at, dur time.Duration, timed bool, err error)
+}
+
 // CaptureReporter is implemented by the Work of a backend whose ops can be
 // captured into a CUDA graph. A captured op did not run: it runs at each
 // replay of the graph, ordered by the stream the graph is launched on, so

@@ -210,9 +210,9 @@ func (fr *FlightRecorder) add(g *frGroup, c *opCall, in, out *targ, w backend.Wo
 	if isP2P {
 		flags = frP2P
 	}
-	// A host work (hostOutcome) runs on the host: it is never captured,
-	// so that most ops make one type assertion here.
-	ho, _ := w.(hostOutcome)
+	// A host work (backend.OutcomeReporter) runs on the host: it is
+	// never captured, so that most ops make one type assertion here.
+	ho, _ := w.(backend.OutcomeReporter)
 	if ho != nil {
 		w = nil // held as ho
 	} else if cr, ok := w.(backend.CaptureReporter); ok && cr.Captured() {
@@ -321,14 +321,6 @@ func (fr *FlightRecorder) retire(s frSlot) bool {
 		fr.onError(err)
 	}
 	return true
-}
-
-// hostOutcome is a Work that stamps its completion on the backend.Mono
-// clock and tells its outcome in one call: backend.HostWork and the host
-// backends' works built on it, whose state is a few atomic words, cheap
-// to read on the issuing goroutine.
-type hostOutcome interface {
-	Outcome() (at, dur time.Duration, timed bool, err error)
 }
 
 // retireScan bounds the entries retireDone looks at per op: two keep up

@@ -30,10 +30,10 @@ type frEntry struct {
 	id uint64   // RecordID and OpID
 	g  *frGroup // the op's group
 	// The op's work until it is retired, nil after: ho when it is a host
-	// work (hostOutcome, asked once, at add, so that retireDone asserts
-	// nothing), else work.
+	// work (backend.OutcomeReporter, asked once, at add, so that
+	// retireDone asserts nothing), else work.
 	work backend.Work
-	ho   hostOutcome
+	ho   backend.OutcomeReporter
 	// CollectiveSeqID (0 for p2p ops) and P2PSeqID
 	seq, p2p uint64
 	// created is when the dispatcher numbered the op, on the backend.Mono

@@ -138,7 +138,7 @@ func (g *group) Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w 
 	}
 	s := g.seriesOf(op, dt)
 	if err == nil {
-		if o, ok := w.(outcomer); ok {
+		if o, ok := w.(backend.OutcomeReporter); ok {
 			if at, _, _, oerr := o.Outcome(); at != 0 {
 				if err = oerr; err == nil {
 					s.inline.Add(1)
@@ -160,13 +160,6 @@ func (g *group) Op(op backend.Op, dt tensor.DeviceType, issued time.Duration, w 
 		return
 	}
 	g.follower(dt).push(pendingOp{w: w, s: s, issued: issued})
-}
-
-// outcomer is a host work that tells its outcome in one call
-// (backend.HostWork.Outcome, and the works that embed one): when it
-// completed (0 before), and its error.
-type outcomer interface {
-	Outcome() (at, dur time.Duration, timed bool, err error)
 }
 
 // completedAter is a Work that knows when it completed

@@ -77,7 +77,10 @@ type handle struct {
 	mine bool
 }
 
-var _ backend.Work = (*handle)(nil)
+var (
+	_ backend.Work            = (*handle)(nil)
+	_ backend.OutcomeReporter = (*handle)(nil)
+)
 
 // work is an op's record: the UCC requests it posted (several for a list
 // of tensors or a coalesced form, one Work for them all), what to do with
@@ -413,8 +416,8 @@ func (h *handle) Duration() (time.Duration, error) {
 	return h.end - h.enq, nil
 }
 
-// Outcome tells, in one call, what the flight recorder and the metrics
-// note of a completed op (backend.HostWork.Outcome's contract): when it
+// Outcome implements backend.OutcomeReporter: it tells, in one call, what
+// the flight recorder and the metrics note of a completed op: when it
 // completed on the backend.Mono clock (0, with the rest zero, before it
 // has), its Duration and its Exception. Why: a Work without it is one
 // the dispatcher cannot look at on the host, so the recorder kept every
