@@ -12,7 +12,8 @@ import (
 
 // BenchmarkAllreduce is the backend's own cost per op, beside its peer in
 // the same run: an allreduce (float32 SUM, in place) issued and waited
-// through the backend ("backend"), and the same UCC calls made by a C loop
+// through the backend ("backend"; "backend-wait" as the dispatcher's
+// blocking forms issue it: Meta.Waited, Wait, Release), and the same UCC calls made by a C loop
 // on the same team with nothing of the backend in between ("raw"), as
 // cmd/conftest/benchc/ucc-bench-raw.c makes them, and that loop called
 // from Go once per op ("raw-each": the cgo crossing's own cost). One rank
@@ -40,6 +41,21 @@ func BenchmarkAllreduce(b *testing.B) {
 				if err := w.Wait(ctx); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+		b.Run(fmt.Sprintf("%dB/backend-wait", size), func(b *testing.B) {
+			b.ReportAllocs()
+			seq := uint64(0)
+			for b.Loop() {
+				seq++
+				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Waited: true}, ts, backend.AllreduceOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := w.Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+				w.(backend.Releaser).Release()
 			}
 		})
 		b.Run(fmt.Sprintf("%dB/raw", size), func(b *testing.B) {

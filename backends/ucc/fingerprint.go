@@ -72,16 +72,32 @@ type fpGate struct {
 	// 8 B op's samples (uccReduction's switches, twice per op).
 	lastDesc   C.gu_desc
 	lastDescOK bool
-	ver        []*work        // the works posted ahead, not yet checked, in order
+	ver        []fpVer // the ops posted ahead, not yet checked, in order
+	// lazy: an op posted ahead may complete before its check once UCC is
+	// done with it (the shared-memory board; fpahead.go says why that is
+	// safe), and the check follows in batches.
+	lazy       bool
+	verDone    int            // g.ver[:verDone] have completed (lazy; fpVerifyDueLocked)
 	scratch    unsafe.Pointer // C memory the stand-ins point UCC at; nil: none yet
 	scratchLen int
 	// outgrown holds scratch that a larger stand-in replaced: an earlier
 	// stand-in may still be in UCC over it, so it is freed only at Close.
 	outgrown []unsafe.Pointer
-	verdict  C.int         // gu_fp_ahead's and gu_drive's verdict (fpAheadShmLocked, fpVerifyWatchLocked)
-	vslots   []C.uintptr_t // gu_drive's peer slots of g.ver[0] (fpVerifyWatchLocked)
+	verdict  C.int         // gu_drive's verdict (fpVerifyWatchLocked)
+	vslots   []C.uintptr_t // gu_drive's peer slots of g.ver[0].seq (fpVerifyWatchLocked)
+	rings    []C.uintptr_t // gu_fp_agree's peer rings (fpAgreeLocked)
 	nAhead   uint64        // works posted ahead (for the tests)
 	nStandIn uint64        // stand-ins posted
+}
+
+// fpVer is an op posted ahead of its check, not yet checked: its number,
+// this rank's slot, and its work until that completes (w is nil after:
+// the record goes back to the pool, and may be planning another op
+// outside b.mu).
+type fpVer struct {
+	w    *work
+	seq  uint64
+	slot fpSlot
 }
 
 // fpWork is a work's part in the check.
@@ -120,8 +136,10 @@ func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
 		g.issuing = nil
 	}
 	h, startErr := w.h, w.fpw.startErr // before testLocked, which may recycle w
-	if !w.fpw.held && !w.fpw.ahead && w.live == 0 && len(w.deps) == 0 {
-		w.testLocked(true) // done in its start, or nothing for UCC to do: complete now, as submit does
+	if !w.fpw.held && (!w.fpw.ahead || g.lazy) && w.live == 0 && len(w.deps) == 0 {
+		// Done in its start (its check to follow, when lazy), or nothing
+		// for UCC to do: complete now, as submit does.
+		w.testLocked(true)
 	} else {
 		b.pending = append(b.pending, w)
 		b.npending.Store(int32(len(b.pending)))
@@ -142,7 +160,7 @@ func (b *Backend) fpStepLocked() {
 	if g == nil {
 		return
 	}
-	if len(g.ver) > 0 {
+	if len(g.ver) > 0 && (len(g.q) > 0 || b.fpVerifyDueLocked()) {
 		b.fpVerifyLocked()
 	}
 	if len(g.q) == 0 {
@@ -198,8 +216,15 @@ func (b *Backend) fpReleaseLocked(w *work) bool {
 	g.chk = w.fpw.seq + 1
 	g.board.checked(g.chk)
 	if v.kind != nil {
+		s, ahead := fpAheadPeer(g, w.fpw.seq)
+		if ahead && !b.fpAckedLocked(w.fpw.seq) {
+			// A peer that posted its op ahead may complete it unchecked
+			// (lazy): the stand-in waits until every such peer has read
+			// this slot, and with it the mismatch (fpahead.go).
+			return false
+		}
 		w.fail(&backend.OpError{Op: w.op.String(), Seq: w.m.Seq, Rank: b.cfg.Rank, Backend: Name, Kind: v.kind, Detail: v.detail, Ranks: v.ranks})
-		if s, ok := fpAheadPeer(g, w.fpw.seq); ok {
+		if ahead {
 			b.fpStandInLocked(w, s) // a peer posted its op ahead: UCC runs that one here too
 			return true
 		}
@@ -276,10 +301,13 @@ func (b *Backend) fpTickLocked() {
 	if len(g.q) > 0 {
 		w = g.q[0]
 	}
-	if len(g.ver) > 0 {
-		w = g.ver[0] // posted ahead, waiting for its peers' slots as a held one does
+	for _, v := range g.ver {
+		if v.w != nil {
+			w = v.w // posted ahead, waiting for its peers' slots as a held one does
+			break
+		}
 	}
-	if !w.fpw.on || (!w.fpw.held && !w.fpw.ahead) || w.IsCompleted() {
+	if w == nil || !w.fpw.on || (!w.fpw.held && !w.fpw.ahead) || w.IsCompleted() {
 		return
 	}
 	ranks, _ := missing(g.board, g.rank, g.size, w.fpw.seq)

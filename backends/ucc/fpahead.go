@@ -7,6 +7,8 @@ package ucc
 import "C"
 
 import (
+	"fmt"
+	"log/slog"
 	"unsafe"
 
 	"github.com/gocoll/gocoll/backend"
@@ -45,6 +47,20 @@ import (
 //   - The ahead rank fails its work with the same verdict (the same words,
 //     judge's) once it has read every slot; its tensor then holds a sum
 //     with another rank's scratch, as an op that failed may leave it.
+//   - On the shared-memory board the check of an op posted ahead is lazy:
+//     its work completes as soon as UCC is done with it, and the rank
+//     reads the peers' slots later, a batch at a time (fpVerBatch), or at
+//     once while one of its ops posted ahead is still in UCC (it has the
+//     time then: fpVerifyDueLocked). This is safe because such an op
+//     completes in UCC only once every peer has put something of that
+//     number into UCC: its own op, which is L as this one is (it went
+//     ahead too, or its judge found every slot equal), or a stand-in after
+//     a mismatch; and a peer posts a stand-in only once every rank whose
+//     slot says it went ahead has checked that number (fpAckedLocked reads
+//     their counts on the board). So an ahead rank has read the mismatch,
+//     and failed its work, before its op can complete. A check that finds
+//     a mismatch in an op that completed unchecked would mean the rule
+//     broke: the backend then stops (fpBrokenLocked).
 //
 // Why not post every op ahead and only check afterwards: ops that differ
 // in UCC do not fail cleanly. Two ranks that each posted their own
@@ -125,81 +141,124 @@ func (b *Backend) fpAheadLocked(w *work) bool {
 	g.pub++
 	g.nAhead++
 	w.fpw.held, w.fpw.ahead = false, true
-	g.ver = append(g.ver, w)
+	g.ver = append(g.ver, fpVer{w: w, seq: seq, slot: w.fpw.slot})
 	b.fpStartedLocked(w, C.gu_coll_start(b.team, &w.descs[0], 1, &w.reqs[0], &w.at, &w.post, pctx, &w.cerr))
 	b.fpVerifyLocked()
 	return true
 }
 
 // fpAheadShmLocked is fpAheadLocked on the shared-memory board: the
-// publication, the start and the look at the peers' slots in one C call
-// (gu_fp_ahead). When every peer's slot is in and equal, the check is done
-// there (when no earlier work posted ahead waits for its own, which goes
-// first); otherwise the work joins g.ver for fpVerifyLocked, as on the
-// other boards. Why: at 8 B the Go around the board (the slot's stores and
-// loads, judge) was ~8 % of a 2-rank op's samples, and the raw loop has
-// none of it. b.mu is held.
+// publication and the start in one C call (gu_fp_ahead). The check follows
+// later and in batches (lazy, above): the work joins g.ver, and it may
+// complete as soon as UCC is done with it. Why: reading a peer's slot
+// right after the start, as this did, moved two cache lines between the
+// ranks' cores per op (the peer's slot to this rank, and this rank's slot
+// back to it for the next write), ~0.25 µs of a 2-rank 8 B op of ~1 µs on
+// the dev machine, as much as all of the backend's Go (docs/perf.md, ucc
+// "Sixteenth round"). b.mu is held.
 func (b *Backend) fpAheadShmLocked(w *work, sb *shmBoard, pctx C.uintptr_t) bool {
 	g, seq := b.fp, w.fpw.seq
 	if !sb.hasRoom(seq) {
 		return false // no room: the held path publishes it later
 	}
+	if len(g.ver) >= fpVerBatch {
+		// Check a batch, so that the peers' rings have room: their slots
+		// of these numbers have been there since they posted them.
+		b.fpVerifyLocked()
+	}
 	g.pub++
 	g.nAhead++
 	w.fpw.held, w.fpw.ahead = false, true
-	if len(g.ver) > 0 {
-		// Earlier works posted ahead still wait for their peers' slots:
-		// judge them first (by now their peers have usually published),
-		// so that C can look at this one's too. Why: C looks only when
-		// no earlier work waits (they go first), and the judge after the
-		// call then read this op's slots in Go as well, one of the steps
-		// of the rank that posts first (~1.5 % of its samples).
-		b.fpVerifyLocked()
-	}
-	var slots *C.uintptr_t
-	var nslots C.int
-	if len(g.ver) == 0 {
-		g.watch(sb, seq)
-		slots, nslots = &g.slots[0], C.int(len(g.slots))
-	}
 	w1, w2 := w.fpw.slot.words()
-	// The verdict lives in the gate: a local whose address goes to C
-	// escapes, an allocation per op.
 	st := C.gu_fp_ahead(b.team, &w.descs[0], &w.reqs[0], &w.at, &w.post, pctx, &w.cerr,
 		C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slot(g.rank, seq)))), C.uint64_t(seq+1), C.uint64_t(w1), C.uint64_t(w2),
-		slots, nslots, &g.verdict)
-	verdict := g.verdict
+		C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slot(g.rank, seq+1)))))
+	g.ver = append(g.ver, fpVer{w: w, seq: seq, slot: w.fpw.slot})
 	b.fpStartedLocked(w, st)
-	if verdict == 1 {
-		// Every peer's op is this one: what fpVerifyLocked does on agreement.
-		g.chk = seq + 1
-		g.board.checked(g.chk)
-		w.fpw.ahead = false
+	return true
+}
+
+// fpVerBatch is how many ops posted ahead wait for their check, at most,
+// before an issue checks them: a fraction of the ring (fpSlots), so that
+// a peer never waits for room.
+const fpVerBatch = 64
+
+// fpVerifyDueLocked reports whether the ops posted ahead are to be checked
+// now rather than in the next batch: when one of them is still in UCC
+// (waiting there, this rank has the time, and a peer held on a mismatch
+// waits for this rank's check before it posts: fpAckedLocked) or the
+// batch is full. b.mu is held.
+func (b *Backend) fpVerifyDueLocked() bool {
+	g := b.fp
+	if !g.lazy || len(g.ver) >= fpVerBatch {
 		return true
 	}
-	g.ver = append(g.ver, w)
-	if verdict == 2 || nslots == 0 {
-		// The words differ (judge names them), or earlier works still go
-		// first: their peers may have published during the call.
-		b.fpVerifyLocked()
+	// The ops before verDone have completed: a loop of one op at a time
+	// looks at one entry or two, not at the whole batch.
+	for g.verDone < len(g.ver) && g.ver[g.verDone].w == nil {
+		g.verDone++
+	}
+	for _, v := range g.ver[g.verDone:] {
+		if w := v.w; w != nil && w.live > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// fpAckedLocked reports whether every peer that posted its op seq ahead
+// has checked seq (read every slot of it, this rank's with its mismatch
+// included), so that a stand-in for it may go to UCC: until then such a
+// peer's op cannot complete, and it learns of the mismatch before it does
+// (lazy, above). It asks whatever this rank's own Options say: a peer
+// that posted ahead on this board is lazy. On the other boards a peer
+// checks before its op completes, and this is always true. b.mu is held.
+func (b *Backend) fpAckedLocked(seq uint64) bool {
+	g := b.fp
+	sb, ok := g.board.(*shmBoard)
+	if !ok || sb.r == nil {
+		return true
+	}
+	for p := range g.size {
+		if p == g.rank {
+			continue
+		}
+		if s, ok := g.board.peek(p, seq); ok && s.ahead && sb.r.checked(p).Load() <= seq {
+			return false
+		}
 	}
 	return true
 }
 
-// fpVerifyLocked checks the works posted ahead, in order, once every
-// peer's slot of theirs is there: agreement lets the work complete when
-// UCC is done with it; a mismatch fails it with the verdict. b.mu is held.
+// fpVerifyLocked checks the ops posted ahead, in order, once every peer's
+// slot of theirs is there: agreement lets a waiting work complete when UCC
+// is done with it; a mismatch fails it with the verdict. b.mu is held.
 func (b *Backend) fpVerifyLocked() {
 	g := b.fp
-	n := 0
-	for _, w := range g.ver {
-		v, done := judge(g.board, g.rank, g.size, w.fpw.seq, w.fpw.slot)
+	n := b.fpAgreeLocked()
+	for _, e := range g.ver[:n] {
+		if w := e.w; w != nil {
+			w.fpw.ahead = false
+		}
+		g.chk = e.seq + 1
+	}
+	for _, e := range g.ver[n:] {
+		v, done := judge(g.board, g.rank, g.size, e.seq, e.slot)
 		if !done {
 			break
 		}
 		n++
-		g.chk = w.fpw.seq + 1
-		g.board.checked(g.chk)
+		g.chk = e.seq + 1
+		w := e.w
+		if w == nil {
+			if v.kind != nil {
+				// Completed unchecked, and the peers disagree: the stand-in
+				// rule (fpAckedLocked) was broken, and the op's result may
+				// be wrong. Nothing of the group can be trusted now.
+				b.fpBrokenLocked(e.seq, v)
+			}
+			continue
+		}
 		w.fpw.ahead = false
 		if v.kind != nil {
 			// UCC runs the op to its end (every peer posted L's collective in
@@ -208,9 +267,71 @@ func (b *Backend) fpVerifyLocked() {
 		}
 	}
 	if n > 0 {
+		g.board.checked(g.chk)
 		m := copy(g.ver, g.ver[n:])
 		clear(g.ver[m:])
 		g.ver = g.ver[:m]
+		g.verDone = max(g.verDone-n, 0)
+	}
+}
+
+// fpUncheckedLocked notes that w, posted ahead, completes before its
+// check (lazy): its entry in g.ver keeps the number and the slot, not the
+// record. b.mu is held.
+func (b *Backend) fpUncheckedLocked(w *work) {
+	g := b.fp
+	for i := g.verDone; i < len(g.ver); i++ {
+		if g.ver[i].w == w {
+			g.ver[i].w = nil
+			break
+		}
+	}
+	w.fpw.ahead = false
+}
+
+// fpAgreeLocked returns how many of the leading ops of g.ver every peer's
+// slot agrees with, by one look at the shared-memory board's rings in C
+// (gu_fp_agree); 0 on another board, where the judge looks. It covers the
+// ops with this rank's first slot, which a lazy batch's ops all have (the
+// queue waits for g.ver to empty before the group can agree on another
+// L). b.mu is held.
+func (b *Backend) fpAgreeLocked() int {
+	g := b.fp
+	sb, ok := g.board.(*shmBoard)
+	if !g.lazy || !ok || sb.r == nil || len(g.ver) < 2 {
+		return 0
+	}
+	first := g.ver[0]
+	n := 1
+	for n < len(g.ver) && g.ver[n].slot == first.slot && g.ver[n].seq == first.seq+uint64(n) {
+		n++
+	}
+	if cap(g.rings) < g.size-1 {
+		g.rings = make([]C.uintptr_t, 0, g.size-1)
+	}
+	g.rings = g.rings[:0]
+	for p := range g.size {
+		if p != g.rank {
+			g.rings = append(g.rings, C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slot(p, 0)))))
+		}
+	}
+	w1, w2 := first.slot.words()
+	return int(C.gu_fp_agree(&g.rings[0], C.int(len(g.rings)), C.uint64_t(sb.r.k), C.uint64_t(first.seq), C.int(n), C.uint64_t(w1), C.uint64_t(w2)))
+}
+
+// The C side reads slots at GU_FP_SLOT strides (gu_fp_agree): the two
+// sizes must be equal.
+var _ [fpSlotSize - C.GU_FP_SLOT]struct{}
+var _ [C.GU_FP_SLOT - fpSlotSize]struct{}
+
+// fpBrokenLocked stops the backend after a check found a mismatch in an
+// op that had already completed (a broken invariant, not a user's
+// mismatch): every later op fails with ErrAborted saying so. b.mu is held.
+func (b *Backend) fpBrokenLocked(seq uint64, v fpVerdict) {
+	err := fmt.Errorf("ucc: op number %d completed before its fingerprint check, which found %s; its result may be wrong (a bug in gocoll)", seq, v.detail)
+	slog.Error("gocoll ucc: fingerprint check", "rank", b.cfg.Rank, "group", b.cfg.GroupDesc, "err", err)
+	if b.stopped == nil {
+		b.stopped = &backend.OpError{Op: "fingerprint check", Rank: b.cfg.Rank, Backend: Name, Kind: backend.ErrAborted, Err: err}
 	}
 }
 

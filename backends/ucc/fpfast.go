@@ -116,19 +116,19 @@ func (b *Backend) fpVerifyWatchLocked() (v fpVerifyArgs, nv C.int) {
 	if !ok || sb.r == nil {
 		return v, 0
 	}
-	w := g.ver[0]
+	e := g.ver[0]
 	if cap(g.vslots) < g.size-1 {
 		g.vslots = make([]C.uintptr_t, 0, g.size-1)
 	}
 	g.vslots = g.vslots[:0]
 	for p := range g.size {
 		if p != g.rank {
-			g.vslots = append(g.vslots, C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slotWord(p, w.fpw.seq, 0)))))
+			g.vslots = append(g.vslots, C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slotWord(p, e.seq, 0)))))
 		}
 	}
-	w1, w2 := w.fpw.slot.words()
+	w1, w2 := e.slot.words()
 	g.verdict = 0
-	return fpVerifyArgs{slots: &g.vslots[0], tag: C.uint64_t(w.fpw.seq + 1), w1: C.uint64_t(w1), w2: C.uint64_t(w2), verdict: &g.verdict},
+	return fpVerifyArgs{slots: &g.vslots[0], tag: C.uint64_t(e.seq + 1), w1: C.uint64_t(w1), w2: C.uint64_t(w2), verdict: &g.verdict},
 		C.int(len(g.vslots))
 }
 
@@ -141,11 +141,13 @@ func (b *Backend) fpVerifiedLocked() {
 	if g.verdict != 1 || len(g.ver) == 0 {
 		return
 	}
-	w := g.ver[0]
-	g.chk = w.fpw.seq + 1
+	if w := g.ver[0].w; w != nil {
+		w.fpw.ahead = false
+	}
+	g.chk = g.ver[0].seq + 1
 	g.board.checked(g.chk)
-	w.fpw.ahead = false
 	m := copy(g.ver, g.ver[1:])
-	g.ver[m] = nil
+	g.ver[m] = fpVer{}
 	g.ver = g.ver[:m]
+	g.verDone = max(g.verDone-1, 0)
 }

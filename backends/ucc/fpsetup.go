@@ -73,6 +73,7 @@ func (b *Backend) fpSetup(ctx context.Context) error {
 		switch {
 		case err == nil:
 			g.board = sb
+			g.lazy = g.ahead
 		case mode == FingerprintsShm || !errors.Is(err, errNoShm):
 			return err
 		}

@@ -257,11 +257,10 @@ static int64_t gu_now_ns(void) {
 // With nvslots > 0 it also checks, while it spins, the op posted ahead of
 // its check that is next to be checked (fpahead.go): vslots are its
 // peers' slots, vtag its number + 1 and (vw1, vw2) this rank's words; once
-// every peer's slot holds vtag, *verdict is set as gu_fp_ahead sets it (1:
-// all equal, 2: some differ; it stays 0 while one is missing). Why: the
-// first rank of a pair to post an 8 B op waits here for its peer's data,
-// and its peer published the slot before posting, so the look costs that
-// wait's time, not the time after the op completes, when Go's judge did it.
+// every peer's slot holds vtag, *verdict is set (1: all equal, 2: some
+// differ; it stays 0 while one is missing). Why: a rank waiting here for
+// its peer's data has the time to read the peers' slots, which the lazy
+// check (fpahead.go) would otherwise read in its next batch.
 static void gu_verify(const uintptr_t *vslots, int nvslots, uint64_t vtag, uint64_t vw1, uint64_t vw2, int *verdict) {
 	int differ = 0;
 	for (int i = 0; i < nvslots; i++) {
@@ -356,29 +355,48 @@ int gu_fp_drive(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *a
 }
 
 // gu_fp_ahead starts an op posted ahead of its check (fpahead.go) in one
-// crossing, with the board work around it that Go did in two more
-// (fpRings.put, then fpVerifyLocked's look at the peers' slots): it
-// publishes this rank's slot (mine: the address of its number word on the
+// crossing, with the publication Go did in another (fpRings.put): it
+// writes this rank's slot (mine: the address of its number word on the
 // shared-memory board; the words w1 with GU_FP_AHEAD set and w2 first,
-// then the number tag with a release store, as fpRings.put orders them),
-// starts the op (gu_coll_start, progressing it once inline when ctx is
-// nonzero), and then reads the nslots peer slots, as gu_fp_drive does:
-// *verdict is 1 when every one holds tag and words equal to this rank's
-// (the check is done: the ops agree), 2 when every one holds tag and some
-// differ (Go's judge has the words for the error), 0 when some peer's is
-// not in yet (Go checks later) or nslots is 0. It returns gu_coll_start's
-// result. Reading the peers' slots after the start rather than before
-// gives them the start's time to arrive.
+// then the number tag with a release store, as fpRings.put orders them)
+// and starts the op (gu_coll_start, progressing it once inline when ctx is
+// nonzero), whose result it returns. The check itself comes later, in
+// batches (gu_fp_agree). Last it asks for the cache line of this rank's
+// next slot (next) for writing, so that the line a peer read in its last
+// batch is back before the next op's publication, which would otherwise
+// wait for it ahead of UCC's first atomic.
 int gu_fp_ahead(uintptr_t team, const gu_desc *d, uintptr_t *reqs, int *at, int *posting, uintptr_t ctx, int *err, uintptr_t mine,
-                uint64_t tag, uint64_t w1, uint64_t w2, const uintptr_t *slots, int nslots, int *verdict) {
+                uint64_t tag, uint64_t w1, uint64_t w2, uintptr_t next) {
 	uint64_t *m = (uint64_t *)mine;
 	__atomic_store_n(&m[1], w1 | (uint64_t)GU_FP_AHEAD, __ATOMIC_RELAXED);
 	__atomic_store_n(&m[2], w2, __ATOMIC_RELAXED);
 	__atomic_store_n(&m[0], tag, __ATOMIC_RELEASE);
 	int st = gu_coll_start(team, d, 1, reqs, at, posting, ctx, err);
-	*verdict = 0;
-	if (nslots > 0) gu_verify(slots, nslots, tag, w1, w2, verdict);
+	// PREFETCHW (a no-op where the CPU lacks it): a hint, never a fault.
+	__asm__ volatile("prefetchw %0" : : "m"(*(const char *)next));
 	return st;
+}
+
+// gu_fp_agree is the check of a batch of ops posted ahead (fpahead.go)
+// in one crossing: it counts the leading numbers seq, seq+1, ... (n at
+// most) whose slot on every one of the nrings peer rings (rings[i]: the
+// address of the ring's first slot; k slots each) holds the number + 1
+// and words equal to (w1, w2), the ahead flag masked. Go's judge takes
+// the first that is missing or differs. Why C: a batch reads the peers'
+// slots in order, and the loads of consecutive cache lines overlap here,
+// where Go's judge took them one at a time with its bookkeeping between.
+int gu_fp_agree(const uintptr_t *rings, int nrings, uint64_t k, uint64_t seq, int n, uint64_t w1, uint64_t w2) {
+	int i;
+	for (i = 0; i < n; i++) {
+		uint64_t s = seq + (uint64_t)i;
+		for (int r = 0; r < nrings; r++) {
+			const uint64_t *sl = (const uint64_t *)(rings[r] + (s % k) * GU_FP_SLOT);
+			if (__atomic_load_n(&sl[0], __ATOMIC_ACQUIRE) != s + 1) return i;
+			if ((__atomic_load_n(&sl[1], __ATOMIC_RELAXED) & ~(uint64_t)GU_FP_AHEAD) != w1 || __atomic_load_n(&sl[2], __ATOMIC_RELAXED) != w2)
+				return i;
+		}
+	}
+	return i;
 }
 
 // gu_yield gives the core away (Options.Yield) where Go spins without

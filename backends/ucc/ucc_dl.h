@@ -168,11 +168,14 @@ int gu_drive(uintptr_t ctx, uintptr_t *reqs, int n, int *err, const int32_t *sto
 enum { GU_FP_WAITING = 1, GU_FP_DIFFER = 2 };
 // A peer posted the op ahead of the check: fpSlot.ahead (fpAheadBit, fpahead.go).
 #define GU_FP_AHEAD (1u << 24)
+// GU_FP_SLOT is the board's slot size in bytes (fpboard.go's fpSlotSize).
+#define GU_FP_SLOT 32
 int gu_fp_drive(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *at, int *posting, uintptr_t ctx, int *err,
                 const int32_t *stop, int64_t spin_ns, int yield, const uintptr_t *slots, int nslots, uint64_t tag, uint64_t w1,
                 uint64_t w2, int progress, int *started);
 int gu_fp_ahead(uintptr_t team, const gu_desc *d, uintptr_t *reqs, int *at, int *posting, uintptr_t ctx, int *err, uintptr_t mine,
-                uint64_t tag, uint64_t w1, uint64_t w2, const uintptr_t *slots, int nslots, int *verdict);
+                uint64_t tag, uint64_t w1, uint64_t w2, uintptr_t next);
+int gu_fp_agree(const uintptr_t *rings, int nrings, uint64_t k, uint64_t seq, int n, uint64_t w1, uint64_t w2);
 int gu_raw_allreduce(uintptr_t team, uintptr_t ctx, uintptr_t buf, uint64_t count, int64_t iters);
 void gu_yield(void);
 int gu_team_destroy(uintptr_t team);

@@ -250,10 +250,12 @@ func (w *work) testLocked(fresh bool) bool {
 		return false
 	}
 	if w.fpw.ahead {
-		// Posted ahead of its check (fpahead.go): it completes only once
-		// the peers' slots are read.
-		w.b.fpVerifyLocked()
-		if w.fpw.ahead {
+		// Posted ahead of its check (fpahead.go): on the shared-memory
+		// board it completes now, its check to follow (lazy); elsewhere
+		// only once the peers' slots are read.
+		if w.b.fp.lazy {
+			w.b.fpUncheckedLocked(w)
+		} else if w.b.fpVerifyLocked(); w.fpw.ahead {
 			return false
 		}
 	}
