@@ -505,6 +505,7 @@ func (b *Backend) progress() {
 			// of ucc_context_progress would only contend for b.mu.
 			b.mu.Lock()
 			C.gu_context_progress(b.ctx)
+			b.fpStuckLocked()
 			finished := b.reapLocked()
 			b.mu.Unlock()
 			if finished > 0 {

@@ -135,6 +135,7 @@ func (b *Backend) drive(ctx context.Context, h *handle) (start time.Time) {
 					w.noteErr()
 					if w.live > 0 {
 						spin = driveSlice // it outlived a slice: a large op
+						b.fpStuckLocked()
 					}
 				} else if w != nil && b.fp != nil && b.fpDriveLocked(w, stop) {
 					// Held for its peers' fingerprints: the look at the

@@ -77,7 +77,6 @@ type fpGate struct {
 	// done with it (the shared-memory board; fpahead.go says why that is
 	// safe), and the check follows in batches.
 	lazy       bool
-	verDone    int            // g.ver[:verDone] have completed (lazy; fpVerifyDueLocked)
 	scratch    unsafe.Pointer // C memory the stand-ins point UCC at; nil: none yet
 	scratchLen int
 	// outgrown holds scratch that a larger stand-in replaced: an earlier
@@ -160,7 +159,7 @@ func (b *Backend) fpStepLocked() {
 	if g == nil {
 		return
 	}
-	if len(g.ver) > 0 && (len(g.q) > 0 || b.fpVerifyDueLocked()) {
+	if len(g.ver) > 0 && (len(g.q) > 0 || !g.lazy) {
 		b.fpVerifyLocked()
 	}
 	if len(g.q) == 0 {

@@ -49,9 +49,9 @@ import (
 //     with another rank's scratch, as an op that failed may leave it.
 //   - On the shared-memory board the check of an op posted ahead is lazy:
 //     its work completes as soon as UCC is done with it, and the rank
-//     reads the peers' slots later, a batch at a time (fpVerBatch), or at
-//     once while one of its ops posted ahead is still in UCC (it has the
-//     time then: fpVerifyDueLocked). This is safe because such an op
+//     reads the peers' slots later: a batch at a time (fpVerBatch), before
+//     a held op, or while one of its ops posted ahead waits in UCC (it has
+//     the time then: fpStuckLocked). This is safe because such an op
 //     completes in UCC only once every peer has put something of that
 //     number into UCC: its own op, which is L as this one is (it went
 //     ahead too, or its judge found every slot equal), or a stand-in after
@@ -183,27 +183,15 @@ func (b *Backend) fpAheadShmLocked(w *work, sb *shmBoard, pctx C.uintptr_t) bool
 // a peer never waits for room.
 const fpVerBatch = 64
 
-// fpVerifyDueLocked reports whether the ops posted ahead are to be checked
-// now rather than in the next batch: when one of them is still in UCC
-// (waiting there, this rank has the time, and a peer held on a mismatch
-// waits for this rank's check before it posts: fpAckedLocked) or the
-// batch is full. b.mu is held.
-func (b *Backend) fpVerifyDueLocked() bool {
-	g := b.fp
-	if !g.lazy || len(g.ver) >= fpVerBatch {
-		return true
+// fpStuckLocked is the lazy check's turn while an op posted ahead waits in
+// UCC (a driver's slice ended with it in progress, or the progress
+// goroutine runs the ops nobody waits for): this rank has the time, and a
+// peer held on a mismatch may be waiting for this rank's check of it
+// before it posts (fpAckedLocked). b.mu is held.
+func (b *Backend) fpStuckLocked() {
+	if g := b.fp; g != nil && len(g.ver) > 0 {
+		b.fpVerifyLocked()
 	}
-	// The ops before verDone have completed: a loop of one op at a time
-	// looks at one entry or two, not at the whole batch.
-	for g.verDone < len(g.ver) && g.ver[g.verDone].w == nil {
-		g.verDone++
-	}
-	for _, v := range g.ver[g.verDone:] {
-		if w := v.w; w != nil && w.live > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // fpAckedLocked reports whether every peer that posted its op seq ahead
@@ -271,7 +259,6 @@ func (b *Backend) fpVerifyLocked() {
 		m := copy(g.ver, g.ver[n:])
 		clear(g.ver[m:])
 		g.ver = g.ver[:m]
-		g.verDone = max(g.verDone-n, 0)
 	}
 }
 
@@ -280,7 +267,8 @@ func (b *Backend) fpVerifyLocked() {
 // record. b.mu is held.
 func (b *Backend) fpUncheckedLocked(w *work) {
 	g := b.fp
-	for i := g.verDone; i < len(g.ver); i++ {
+	// From the end: the ops in flight are the last few entries.
+	for i := len(g.ver) - 1; i >= 0; i-- {
 		if g.ver[i].w == w {
 			g.ver[i].w = nil
 			break

@@ -63,9 +63,15 @@ func (b *Backend) fpWatchLocked() (slots *C.uintptr_t, nslots C.int, tag C.uint6
 func (b *Backend) fpDriveLocked(w *work, stop *C.int32_t) bool {
 	g := b.fp
 	sb, ok := g.board.(*shmBoard)
-	if !ok || sb.r == nil || !w.fpw.held || !w.fpw.on || len(w.descs) == 0 || len(g.q) == 0 || g.q[0] != w || w.fpw.seq >= g.pub ||
-		len(g.ver) > 0 {
+	if !ok || sb.r == nil || !w.fpw.held || !w.fpw.on || len(w.descs) == 0 || len(g.q) == 0 || g.q[0] != w || w.fpw.seq >= g.pub {
 		return false
+	}
+	if len(g.ver) > 0 {
+		// The ops posted ahead are checked first (a lazy batch's slots are
+		// usually all in by now).
+		if b.fpVerifyLocked(); len(g.ver) > 0 {
+			return false
+		}
 	}
 	g.watch(sb, w.fpw.seq)
 	w1, w2 := w.fpw.slot.words()
@@ -149,5 +155,4 @@ func (b *Backend) fpVerifiedLocked() {
 	m := copy(g.ver, g.ver[1:])
 	g.ver[m] = fpVer{}
 	g.ver = g.ver[:m]
-	g.verDone = max(g.verDone-1, 0)
 }
