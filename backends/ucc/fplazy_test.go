@@ -46,8 +46,8 @@ func (r *lazyRank) postAhead(seq uint64, s fpSlot, done bool) *handle {
 // TestLazyCheck steps rank 0 of two through the lazy check of its ops
 // posted ahead, rank 1 publishing what each step needs:
 //   - a batch whose peer slots all agree is checked at once (gu_fp_agree),
-//     done and waiting works alike, and the checked count that rank 1's
-//     stand-ins wait for moves past it;
+//     done and waiting works alike, across the end of the ring too, and
+//     the checked count that rank 1's stand-ins wait for moves past it;
 //   - a peer slot not yet there stops the check at that op;
 //   - a peer's mismatch fails a work that still waits, with judge's words;
 //   - a mismatch in an op that completed unchecked (a broken rule) stops
@@ -83,6 +83,21 @@ func TestLazyCheck(t *testing.T) {
 			t.Fatalf("a waiting work after its check: completed %v, still ahead %v; want it checked and left to UCC", h.IsCompleted(), h.rec.fpw.ahead)
 		}
 	}
+
+	// A batch across the end of the ring (fpSlots) is checked in one look.
+	g.chk, g.ver = fpSlots-4, g.ver[:0]
+	for seq := uint64(fpSlots - 4); seq < fpSlots+4; seq++ {
+		r0.postAhead(seq, l, true)
+		peer(seq, l)
+	}
+	if n := r0.b.fpAgreeLocked(); n != 8 {
+		t.Fatalf("a batch of 8 across the ring's end: gu_fp_agree agrees on %d, want 8", n)
+	}
+	r0.b.fpVerifyLocked()
+	if len(g.ver) != 0 || g.chk != fpSlots+4 {
+		t.Fatalf("after the batch across the ring's end: %d entries left, chk %d; want 0, %d", len(g.ver), g.chk, fpSlots+4)
+	}
+	g.chk = 10
 
 	// Rank 1's slot of 12 is not there yet: the check stops before it.
 	for seq := uint64(10); seq < 13; seq++ {

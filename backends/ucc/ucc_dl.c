@@ -387,10 +387,11 @@ int gu_fp_ahead(uintptr_t team, const gu_desc *d, uintptr_t *reqs, int *at, int 
 // where Go's judge took them one at a time with its bookkeeping between.
 int gu_fp_agree(const uintptr_t *rings, int nrings, uint64_t k, uint64_t seq, int n, uint64_t w1, uint64_t w2) {
 	int i;
-	for (i = 0; i < n; i++) {
+	uint64_t at = seq % k; // (seq + i) % k, kept without a division per slot
+	for (i = 0; i < n; i++, at = at + 1 == k ? 0 : at + 1) {
 		uint64_t s = seq + (uint64_t)i;
 		for (int r = 0; r < nrings; r++) {
-			const uint64_t *sl = (const uint64_t *)(rings[r] + (s % k) * GU_FP_SLOT);
+			const uint64_t *sl = (const uint64_t *)(rings[r] + at * GU_FP_SLOT);
 			if (__atomic_load_n(&sl[0], __ATOMIC_ACQUIRE) != s + 1) return i;
 			if ((__atomic_load_n(&sl[1], __ATOMIC_RELAXED) & ~(uint64_t)GU_FP_AHEAD) != w1 || __atomic_load_n(&sl[2], __ATOMIC_RELAXED) != w2)
 				return i;
