@@ -216,7 +216,7 @@ func (b *Backend) fpReleaseLocked(w *work) bool {
 	g.board.checked(g.chk)
 	if v.kind != nil {
 		s, ahead := fpAheadPeer(g, w.fpw.seq)
-		if ahead && !b.fpAckedLocked(w.fpw.seq) {
+		if ahead && len(b.fpUnackedLocked(w.fpw.seq)) > 0 {
 			// A peer that posted its op ahead may complete it unchecked
 			// (lazy): the stand-in waits until every such peer has read
 			// this slot, and with it the mismatch (fpahead.go).
@@ -335,6 +335,14 @@ func (b *Backend) fpTimeout(w *work, elapsed time.Duration) (ranks []int, senten
 	ranks, why := missing(g.board, g.rank, g.size, w.fpw.seq)
 	sentence = fmt.Sprintf("the backend's watchdog saw it %v after issue (group %s) still waiting for the fingerprints of ranks %v, so UCC has not seen it; it goes to UCC if they come",
 		elapsed.Round(time.Millisecond), b.cfg.GroupDesc, ranks)
+	if len(ranks) == 0 {
+		if ranks = b.fpUnackedLocked(w.fpw.seq); len(ranks) > 0 {
+			// Every fingerprint is in and they differ: the stand-in waits for
+			// the ranks that posted the op ahead to read the mismatch.
+			sentence = fmt.Sprintf("the backend's watchdog saw it %v after issue (group %s) still waiting for ranks %v, which posted it to UCC ahead of the check, to read this rank's mismatching fingerprint, so UCC has not seen this rank's part",
+				elapsed.Round(time.Millisecond), b.cfg.GroupDesc, ranks)
+		}
+	}
 	if len(why) > 0 {
 		sentence += " (" + strings.Join(why, "; ") + ")"
 	}

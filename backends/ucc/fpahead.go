@@ -56,11 +56,11 @@ import (
 //     number into UCC: its own op, which is L as this one is (it went
 //     ahead too, or its judge found every slot equal), or a stand-in after
 //     a mismatch; and a peer posts a stand-in only once every rank whose
-//     slot says it went ahead has checked that number (fpAckedLocked reads
-//     their counts on the board). So an ahead rank has read the mismatch,
-//     and failed its work, before its op can complete. A check that finds
-//     a mismatch in an op that completed unchecked would mean the rule
-//     broke: the backend then stops (fpBrokenLocked).
+//     slot says it went ahead has checked that number (fpUnackedLocked
+//     reads their counts on the board). So an ahead rank has read the
+//     mismatch, and failed its work, before its op can complete. A check
+//     that finds a mismatch in an op that completed unchecked would mean
+//     the rule broke: the backend then stops (fpBrokenLocked).
 //
 // Why not post every op ahead and only check afterwards: ops that differ
 // in UCC do not fail cleanly. Two ranks that each posted their own
@@ -187,35 +187,36 @@ const fpVerBatch = 64
 // UCC (a driver's slice ended with it in progress, or the progress
 // goroutine runs the ops nobody waits for): this rank has the time, and a
 // peer held on a mismatch may be waiting for this rank's check of it
-// before it posts (fpAckedLocked). b.mu is held.
+// before it posts (fpUnackedLocked). b.mu is held.
 func (b *Backend) fpStuckLocked() {
 	if g := b.fp; g != nil && len(g.ver) > 0 {
 		b.fpVerifyLocked()
 	}
 }
 
-// fpAckedLocked reports whether every peer that posted its op seq ahead
-// has checked seq (read every slot of it, this rank's with its mismatch
-// included), so that a stand-in for it may go to UCC: until then such a
-// peer's op cannot complete, and it learns of the mismatch before it does
-// (lazy, above). It asks whatever this rank's own Options say: a peer
-// that posted ahead on this board is lazy. On the other boards a peer
-// checks before its op completes, and this is always true. b.mu is held.
-func (b *Backend) fpAckedLocked(seq uint64) bool {
+// fpUnackedLocked returns the peers that posted op seq ahead and have not
+// checked it yet (read every slot of it, this rank's with its mismatch
+// included): a stand-in for it waits for them, since until it is posted
+// their op cannot complete, so they learn of the mismatch before it does
+// (lazy, above). Any peer that posted ahead on this board is lazy,
+// whatever this rank's own Options say. On the other boards a peer checks
+// before its op completes, and the list is empty. b.mu is held.
+func (b *Backend) fpUnackedLocked(seq uint64) []int {
 	g := b.fp
 	sb, ok := g.board.(*shmBoard)
 	if !ok || sb.r == nil {
-		return true
+		return nil
 	}
+	var ranks []int
 	for p := range g.size {
 		if p == g.rank {
 			continue
 		}
 		if s, ok := g.board.peek(p, seq); ok && s.ahead && sb.r.checked(p).Load() <= seq {
-			return false
+			ranks = append(ranks, p)
 		}
 	}
-	return true
+	return ranks
 }
 
 // fpVerifyLocked checks the ops posted ahead, in order, once every peer's
@@ -241,7 +242,7 @@ func (b *Backend) fpVerifyLocked() {
 		if w == nil {
 			if v.kind != nil {
 				// Completed unchecked, and the peers disagree: the stand-in
-				// rule (fpAckedLocked) was broken, and the op's result may
+				// rule (fpUnackedLocked) was broken, and the op's result may
 				// be wrong. Nothing of the group can be trusted now.
 				b.fpBrokenLocked(e.seq, v)
 			}

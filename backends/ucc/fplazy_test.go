@@ -53,7 +53,7 @@ func (r *lazyRank) postAhead(seq uint64, s fpSlot, done bool) *handle {
 //   - a mismatch in an op that completed unchecked (a broken rule) stops
 //     the backend: later ops fail with ErrAborted saying why;
 //   - rank 1, held on a mismatch with rank 0's op posted ahead, posts its
-//     stand-in only once rank 0 has checked that op (fpAckedLocked).
+//     stand-in only once rank 0 has checked that op (fpUnackedLocked).
 func TestLazyCheck(t *testing.T) {
 	bs := heapGroup(2)
 	r0, r1 := newLazyRank(t, bs, 0), newLazyRank(t, bs, 1)
@@ -129,17 +129,17 @@ func TestLazyCheck(t *testing.T) {
 	// ahead: no stand-in before rank 0 has checked 20.
 	r0.postAhead(20, l, false)
 	bs[1].r.put(1, 20, other)
-	if r1.b.fpAckedLocked(20) {
-		t.Fatalf("rank 1 may post its stand-in for 20 before rank 0 checked it (rank 0's count %d)", bs[0].r.checked(0).Load())
+	if un := r1.b.fpUnackedLocked(20); len(un) != 1 || un[0] != 0 {
+		t.Fatalf("rank 1's stand-in for 20 waits for %v before rank 0 checked it (rank 0's count %d); want [0]", un, bs[0].r.checked(0).Load())
 	}
-	if !r1.b.fpAckedLocked(19) {
-		t.Fatal("rank 1 waits for rank 0's check of 19, which rank 0 did not post ahead")
+	if un := r1.b.fpUnackedLocked(19); un != nil {
+		t.Fatalf("rank 1 waits for %v to check 19, which rank 0 did not post ahead", un)
 	}
 	g.ver = g.ver[:0]
 	g.chk = 21
 	bs[0].checked(21)
-	if !r1.b.fpAckedLocked(20) {
-		t.Fatal("rank 1 still waits once rank 0 has checked 20")
+	if un := r1.b.fpUnackedLocked(20); un != nil {
+		t.Fatalf("rank 1 still waits for %v once rank 0 has checked 20", un)
 	}
 
 	// A mismatch in an op that completed unchecked: the rule broke.
