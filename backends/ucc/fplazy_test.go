@@ -13,15 +13,12 @@ import (
 // board in this process's memory, with works made by hand: no UCC, so
 // that each step of the rule can be set up exactly, which the two-process
 // TestFingerprintsAhead leaves to timing.
-type lazyRank struct {
-	t *testing.T
-	b *Backend
-}
+type lazyRank struct{ b *Backend }
 
-func newLazyRank(t *testing.T, bs []*shmBoard, rank int) *lazyRank {
+func newLazyRank(bs []*shmBoard, rank int) *lazyRank {
 	b := &Backend{cfg: backend.Config{Rank: rank, WorldSize: len(bs)}}
 	b.fp = &fpGate{board: bs[rank], rank: rank, size: len(bs), ahead: true, lazy: true}
-	return &lazyRank{t: t, b: b}
+	return &lazyRank{b: b}
 }
 
 // postAhead publishes seq as posted ahead with slot s and enters it in
@@ -56,7 +53,7 @@ func (r *lazyRank) postAhead(seq uint64, s fpSlot, done bool) *handle {
 //     stand-in only once rank 0 has checked that op (fpUnackedLocked).
 func TestLazyCheck(t *testing.T) {
 	bs := heapGroup(2)
-	r0, r1 := newLazyRank(t, bs, 0), newLazyRank(t, bs, 1)
+	r0, r1 := newLazyRank(bs, 0), newLazyRank(bs, 1)
 	g := r0.b.fp
 	sum := backend.SUM
 	l := slotFor(backend.OpAllreduce, tensor.Float32, &sum, 2, -1)
