@@ -151,12 +151,13 @@ type Backend struct {
 	// handles are the handles given back by Release (work.go), zeroed;
 	// holds counts the pending barriers that hold handles of earlier ops
 	// (work.deps), during which Release keeps none.
-	handles sync.Pool
-	holds   atomic.Int32
-	stopped error // ErrClosed or the abort error; later ops fail with it
-	wd      *watch.Watchdog[*work]
-	fp      *fpGate   // the fingerprint check (fingerprint.go); nil when off
-	small   smallSlab // C memory for small ops (small.go)
+	handles  sync.Pool
+	released atomic.Bool // Release put a handle in handles since newWork found it empty
+	holds    atomic.Int32
+	stopped  error // ErrClosed or the abort error; later ops fail with it
+	wd       *watch.Watchdog[*work]
+	fp       *fpGate   // the fingerprint check (fingerprint.go); nil when off
+	small    smallSlab // C memory for small ops (small.go)
 
 	// driving counts the goroutines progressing UCC from Wait (drive.go);
 	// posting counts the other goroutines waiting for mu (lockOut: a

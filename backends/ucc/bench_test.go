@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/backends/ucc"
@@ -23,7 +24,7 @@ import (
 //
 //	GOCOLL_UCC_TEST_RACE=0 scripts/ucc-test.sh ./backends/ucc -test.run '^$' -test.bench Allreduce -test.benchmem
 func BenchmarkAllreduce(b *testing.B) {
-	be := group(b, 1)[0]
+	be := group(b, 1)[0] // its Config.Timeout (a minute) is every op's, as the dispatcher passes the group's
 	ctx := context.Background()
 	for _, size := range []int{8, 64 << 10} {
 		t := tensor.New(tensor.Float32, size/4)
@@ -34,7 +35,7 @@ func BenchmarkAllreduce(b *testing.B) {
 			seq := uint64(0)
 			for b.Loop() {
 				seq++
-				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq}, ts, backend.AllreduceOptions{})
+				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Timeout: time.Minute}, ts, backend.AllreduceOptions{})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -48,7 +49,7 @@ func BenchmarkAllreduce(b *testing.B) {
 			seq := uint64(0)
 			for b.Loop() {
 				seq++
-				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Waited: true}, ts, backend.AllreduceOptions{})
+				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Timeout: time.Minute, Waited: true}, ts, backend.AllreduceOptions{})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -146,7 +146,7 @@ func (b *Backend) drive(ctx context.Context, h *handle) (start time.Time) {
 				}
 				b.reapLocked()
 			}
-			if h.done.Load() && h.rec == nil {
+			if h.IsCompleted() && h.rec == nil {
 				h.mine = true // seen done under b.mu, its record recycled (Release)
 			}
 			resched := b.reschedDueLocked()

@@ -147,7 +147,7 @@ func (b *Backend) fpSubmitLocked(p *plan) (backend.Work, error) {
 	if startErr {
 		// Started at once and refused by UCC: the error comes back now,
 		// as without the check.
-		return nil, h.rerr
+		return nil, h.err()
 	}
 	return h, nil
 }

@@ -114,9 +114,9 @@ func TestLazyCheck(t *testing.T) {
 	peer(13, other)
 	r0.b.fpVerifyLocked()
 	var oe *backend.OpError
-	if !h.IsCompleted() || !errors.As(h.rerr, &oe) || !errors.Is(oe, backend.ErrInvalidArgument) || len(oe.Ranks) != 2 ||
+	if !h.IsCompleted() || !errors.As(h.err(), &oe) || !errors.Is(oe, backend.ErrInvalidArgument) || len(oe.Ranks) != 2 ||
 		!strings.Contains(oe.Detail, "rank 0 allreduce float32 x 2 (SUM), rank 1 allreduce float32 x 3 (SUM)") {
-		t.Fatalf("a waiting work against rank 1's mismatch: completed %v, %v; want ErrInvalidArgument naming ranks 0 and 1 and both sizes", h.IsCompleted(), h.rerr)
+		t.Fatalf("a waiting work against rank 1's mismatch: completed %v, %v; want ErrInvalidArgument naming ranks 0 and 1 and both sizes", h.IsCompleted(), h.err())
 	}
 	if r0.b.stopped != nil {
 		t.Fatalf("a mismatch on a waiting work stopped the backend: %v", r0.b.stopped)

@@ -92,8 +92,8 @@ func (b *Backend) allreduceOne(ctx context.Context, m backend.Meta, t *tensor.Te
 	}
 	p := b.plan(backend.OpAllreduce, m, nil)
 	p.print(t.DType(), &opts.ReduceOp, t.Numel(), -1)
-	p.outputs = p.w.h.one[:]
-	p.w.h.one[0] = t
+	p.w.outv[0] = t
+	p.outputs = p.w.outv[:]
 	if buf := t.Bytes(); len(buf) > 0 && len(buf) <= smallBytes {
 		// Through the backend's C slab (small.go) when submit finds a
 		// slot: the address is set there.

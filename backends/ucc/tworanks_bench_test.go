@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,7 +21,7 @@ const twoRanksEnv = "GOCOLL_UCC_BENCH_TWO_RANKS"
 
 // twoRanksSeries are the loops of BenchmarkTwoRanks8B, in the order each
 // round runs them.
-var twoRanksSeries = []string{"raw", "raw-each", "backend"}
+var twoRanksSeries = []string{"raw", "raw-each", "backend", "backend-async", "backend-async4", "backend-rel"}
 
 // BenchmarkTwoRanks8B splits the 8 B allreduce's time at two ranks, where
 // the backend's distance from raw libucc is measured (issue 12): each rank
@@ -69,6 +71,11 @@ func BenchmarkTwoRanks8B(b *testing.B) {
 		slices.Sort(times[s])
 		b.ReportMetric(times[s][len(times[s])/2], "ns/op-"+s)
 	}
+	for _, line := range strings.Split(string(outs[0])+string(outs[1]), "\n") {
+		if strings.HasPrefix(line, "rank ") {
+			b.Log(line)
+		}
+	}
 }
 
 // twoRanksRank is one rank of BenchmarkTwoRanks8B: it prints a line
@@ -88,6 +95,7 @@ func twoRanksRank(b *testing.B, rank int, path string) {
 	ctx := context.Background()
 	x := tensor.New(tensor.Float32, 2)
 	xs := []*tensor.Tensor{x}
+	x4 := [4][]*tensor.Tensor{xs, {tensor.New(tensor.Float32, 2)}, {tensor.New(tensor.Float32, 2)}, {tensor.New(tensor.Float32, 2)}}
 	seq := uint64(0)
 	loops := map[string]func(n int) error{
 		"raw":      func(n int) error { return be.rawAllreduce(x.Bytes(), n, false) },
@@ -95,7 +103,7 @@ func twoRanksRank(b *testing.B, rank int, path string) {
 		"backend": func(n int) error {
 			for range n {
 				seq++
-				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Waited: true}, xs, backend.AllreduceOptions{})
+				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Timeout: be.cfg.Timeout, Waited: true}, xs, backend.AllreduceOptions{})
 				if err != nil {
 					return err
 				}
@@ -103,6 +111,54 @@ func twoRanksRank(b *testing.B, rank int, path string) {
 					return err
 				}
 				w.(backend.Releaser).Release()
+			}
+			return nil
+		},
+		"backend-async": func(n int) error {
+			for range n {
+				seq++
+				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Timeout: be.cfg.Timeout}, xs, backend.AllreduceOptions{})
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(ctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		"backend-rel": func(n int) error {
+			for range n {
+				seq++
+				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Timeout: be.cfg.Timeout}, xs, backend.AllreduceOptions{})
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(ctx); err != nil {
+					return err
+				}
+				w.(backend.Releaser).Release()
+			}
+			return nil
+		},
+		"backend-async4": func(n int) error {
+			var ws [4]backend.Work
+			for i := range n + len(ws) {
+				k := i % len(ws)
+				if ws[k] != nil {
+					if err := ws[k].Wait(ctx); err != nil {
+						return err
+					}
+					ws[k] = nil
+				}
+				if i < n {
+					seq++
+					w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Timeout: be.cfg.Timeout}, x4[k], backend.AllreduceOptions{})
+					if err != nil {
+						return err
+					}
+					ws[k] = w
+				}
 			}
 			return nil
 		},
@@ -114,11 +170,19 @@ func twoRanksRank(b *testing.B, rank int, path string) {
 	}
 	for range 3 {
 		for _, s := range twoRanksSeries {
+			var m0, m1 runtime.MemStats
+			var u0, u1 syscall.Rusage
+			runtime.ReadMemStats(&m0)
+			syscall.Getrusage(syscall.RUSAGE_SELF, &u0)
 			start := time.Now()
 			if err := loops[s](ops); err != nil {
 				b.Fatal(err)
 			}
-			fmt.Printf("tworanks %s %.1f\n", s, float64(time.Since(start).Nanoseconds())/float64(ops))
+			el := time.Since(start)
+			syscall.Getrusage(syscall.RUSAGE_SELF, &u1)
+			runtime.ReadMemStats(&m1)
+			fmt.Printf("tworanks %s %.1f\n", s, float64(el.Nanoseconds())/float64(ops))
+			fmt.Fprintf(os.Stderr, "rank %d %s: %d GCs, pause %v, %d B/op, heap %d KiB, %d minflt, %d nivcsw, released %d KiB\n", rank, s, m1.NumGC-m0.NumGC, time.Duration(m1.PauseTotalNs-m0.PauseTotalNs), (m1.TotalAlloc-m0.TotalAlloc)/uint64(ops), m1.HeapAlloc>>10, u1.Minflt-u0.Minflt, u1.Nivcsw-u0.Nivcsw, (m1.HeapReleased)>>10)
 		}
 	}
 }

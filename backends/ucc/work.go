@@ -19,7 +19,7 @@ import (
 )
 
 // An op is two objects: the handle the caller gets (the backend.Work: the
-// op's identity and its completion, about 150 bytes) and the op's record
+// op's identity and its completion, 64 bytes) and the op's record
 // (work: its plan, UCC requests, pins and place in the fingerprint check,
 // about 450 bytes more), which the backend alone holds.
 //
@@ -48,33 +48,57 @@ import (
 
 // handle is an op's backend.Work.
 //
-// The fields are in an order that leaves no padding (the 4-byte mutex
-// and flag and the 1-byte op last): 128 bytes, a size class below the
-// 144 they took, and the handle is the one allocation of a small op.
+// It is 64 bytes, the size class below the 128 it took: a small async
+// op's one allocation (the blocking forms give theirs back, Release), and
+// at two ranks on two cores the garbage collections that allocation
+// drives were most of what an async 8 B op cost over a blocking one
+// (each collection's workers take a core from a spinning rank for a
+// scheduler slice while its peer waits). So what few ops need is in the
+// handle's extra (handleExtra), made on demand: several results, an
+// error, a caller that blocks, a Future, a timeout not the group's.
 type handle struct {
-	b       *Backend
-	seq     uint64
-	timeout time.Duration
-	enq     time.Duration // issue (Backend.issued: Meta.Issued, else Backend.now); the start of Duration and the timeout
-	rec     *work         // the op's record while it is the op's (nil after, or for an op without one); b.mu
-
-	// The completion; mu guards it (but done, which is set once, after res
-	// and rerr and end are written), ch and fut.
-	res  []*tensor.Tensor
-	rerr error
-	end  time.Duration     // completion (Backend.now)
-	ch   chan struct{}     // closed at completion; made by a waiter that blocks
-	fut  *backend.Future   // made by Future
-	one  [1]*tensor.Tensor // res of an op of one tensor (allreduceOne)
-	mu   sync.Mutex
-	done atomic.Bool
-
-	op backend.Op
+	b   *Backend
+	rec *work // the op's record while it is the op's (nil after, or for an op without one); b.mu
+	// x is made at most once (ext), by newWork or by the first that needs it.
+	x   atomic.Pointer[handleExtra]
+	res *tensor.Tensor // the result of an op of one tensor, once completed (the results of several: x.res)
+	seq uint64
+	enq time.Duration // issue (Backend.issued: Meta.Issued, else Backend.now); the start of Duration and the timeout
+	end time.Duration // completion (Backend.now)
+	// state is hLive, hCompleting (one completer won, and writes res, x.err
+	// and end) or hDone (they are written; read them only after).
+	state atomic.Uint32
+	op    backend.Op
 	// mine says that the goroutine that will Release the handle saw it
 	// complete under b.mu, after its record went back to the pool: no
 	// goroutine of the backend holds it any more (Release). Written
 	// under b.mu by the completing submit or the waiter's drive.
 	mine bool
+}
+
+// The states of a handle.
+const (
+	hLive uint32 = iota
+	hCompleting
+	hDone
+)
+
+// handleExtra is the part of a handle that few ops need (handle says
+// why it is apart).
+type handleExtra struct {
+	timeout    time.Duration // the op's timeout, when ownTimeout
+	ownTimeout bool          // the op's timeout is not the group's (Config.Timeout)
+	res        []*tensor.Tensor
+	err        error // the op's error; written by its completer before hDone
+
+	// mu guards the rest. ch is closed, and fut completed, once: by the
+	// completer when it finds them made, or by their maker when it finds
+	// the op completed (complete and doneCh say why one of the two does).
+	mu       sync.Mutex
+	ch       chan struct{}
+	fut      *backend.Future
+	closed   bool // ch is closed
+	futGiven bool // fut has the outcome
 }
 
 var (
@@ -95,9 +119,9 @@ var (
 // Why not backend.HostWork: an op of a few bytes costs the raw libucc loop
 // under a microsecond, and a HostWork is three allocations (itself, its
 // Future, the Future's channel) and a clock read more than the work
-// itself. A handle carries its completion in its own fields (done, res,
-// err), makes the channel only when a waiter has to block and the Future
-// only when asked for; the record embeds its plan and is recycled.
+// itself. A handle carries its completion in its own fields (state, res,
+// end; an error in its extra), makes the channel only when a waiter has to
+// block and the Future only when asked for; the record embeds its plan and is recycled.
 type work struct {
 	plan
 	h       *handle
@@ -113,20 +137,21 @@ type work struct {
 	deps  []*handle // a barrier's earlier ops
 	fpw   fpWork    // its part in the fingerprint check (fingerprint.go); b.mu
 	pin   runtime.Pinner
-	pinv  [1][]byte    // plan.pins' first element: no allocation for one buffer
-	descv [1]C.gu_desc // plan.descs', likewise
-	slot  int          // the C slab's slot + 1 of a small op (small.go); 0: none
-	hs    []handle     // the rest of a chunk of handles (newWork); kept across recycling
+	pinv  [1][]byte         // plan.pins' first element: no allocation for one buffer
+	descv [1]C.gu_desc      // plan.descs', likewise
+	outv  [1]*tensor.Tensor // plan.outputs of an op of one tensor (allreduceOne)
+	slot  int               // the C slab's slot + 1 of a small op (small.go); 0: none
+	hs    []handle          // the rest of a chunk of handles (newWork); kept across recycling
 }
 
-// handleChunk is how many handles newWork allocates at once: 31 of 128
-// bytes, one 4 KiB allocation per 31 ops instead of one per op (the
+// handleChunk is how many handles newWork allocates at once: 63 of 64
+// bytes, one 4 KiB allocation per 63 ops instead of one per op (the
 // handle was a small op's one allocation, and mallocgc with its share of
-// the GC's work about 3 % of a 2-rank 8 B op's samples). Why 31, not 32:
+// the GC's work about 3 % of a 2-rank 8 B op's samples). Why 63, not 64:
 // an object with pointers over 512 bytes carries an 8-byte malloc header,
-// and 32 handles (4096 + 8 bytes) took the 4864-byte size class, 152
-// bytes per op, more than the single handle's 128; 31 (3976 + 8) fit the
-// 4096-byte class (TestHandleSize keeps them there).
+// and 64 handles (4096 + 8 bytes) would take the 4864-byte size class;
+// 63 (4032 + 8) fit the 4096-byte class, 65 bytes per op
+// (TestHandleSize keeps them there).
 //
 // Why the chunk is the record's: the record belongs to one op from
 // newWork until it is recycled, so taking a handle from its chunk needs
@@ -135,16 +160,65 @@ type work struct {
 // handles callers still hold.
 //
 // The cost: a handle a caller keeps keeps its whole chunk alive (4 KiB
-// for one 128-byte handle, the other 30 handles' fields included, with
+// for one 64-byte handle, the other 62 handles' fields included, with
 // whatever their res still references until they are collected with it).
 // That is acceptable: callers keep few works for long, a handle's res is
 // the caller's own tensors, and handles do not reference their records
 // once these are recycled.
-const handleChunk = 31
+const handleChunk = 63
 
 // newHandle makes the handle of op m.
 func (b *Backend) newHandle(op backend.Op, m backend.Meta) *handle {
-	return &handle{b: b, op: op, seq: m.Seq, timeout: m.Timeout}
+	h := &handle{b: b, op: op, seq: m.Seq}
+	h.setTimeout(m.Timeout)
+	return h
+}
+
+// setTimeout keeps the op's timeout, in its extra when it is not the
+// group's. Only while the handle is the op's alone.
+func (h *handle) setTimeout(d time.Duration) {
+	if d != h.b.cfg.Timeout {
+		h.x.Store(&handleExtra{timeout: d, ownTimeout: true})
+	}
+}
+
+// timeout is the op's timeout (Meta.Timeout).
+func (h *handle) timeout() time.Duration {
+	if x := h.x.Load(); x != nil && x.ownTimeout {
+		return x.timeout
+	}
+	return h.b.cfg.Timeout
+}
+
+// ext returns the handle's extra, made now if there is none.
+func (h *handle) ext() *handleExtra {
+	if x := h.x.Load(); x != nil {
+		return x
+	}
+	x := new(handleExtra)
+	if h.x.CompareAndSwap(nil, x) {
+		return x
+	}
+	return h.x.Load()
+}
+
+// err is the op's error; only once IsCompleted.
+func (h *handle) err() error {
+	if x := h.x.Load(); x != nil {
+		return x.err
+	}
+	return nil
+}
+
+// results are the op's results; only once IsCompleted.
+func (h *handle) results() []*tensor.Tensor {
+	if h.res != nil {
+		return []*tensor.Tensor{h.res}
+	}
+	if x := h.x.Load(); x != nil {
+		return x.res
+	}
+	return nil
 }
 
 // newWork makes the record and handle of op m and its plan (outputs: what
@@ -155,7 +229,15 @@ func (b *Backend) newWork(op backend.Op, m backend.Meta, outputs []*tensor.Tenso
 	if w == nil {
 		w = new(work)
 	}
-	h, _ := b.handles.Get().(*handle) // zero (Release)
+	var h *handle
+	if b.released.Load() {
+		// Only when Release gave one back: an empty pool's Get looks
+		// through every P's pool (62 ns at 16 Ps, 20 at 2), and an async
+		// loop, whose handles are never given back, would pay it per op.
+		if h, _ = b.handles.Get().(*handle); h == nil { // zero (Release)
+			b.released.Store(false)
+		}
+	}
 	if h == nil {
 		if len(w.hs) == 0 {
 			w.hs = make([]handle, handleChunk)
@@ -163,7 +245,8 @@ func (b *Backend) newWork(op backend.Op, m backend.Meta, outputs []*tensor.Tenso
 		h = &w.hs[0] // zero: each handle of a chunk is handed out once
 		w.hs = w.hs[1:]
 	}
-	h.b, h.op, h.seq, h.timeout = b, op, m.Seq, m.Timeout
+	h.b, h.op, h.seq = b, op, m.Seq
+	h.setTimeout(m.Timeout)
 	w.h, h.rec = h, w
 	// Field by field: a record is zero (new, or cleared by recycleLocked),
 	// and a plan literal wrote all ~200 bytes of the plan again, with
@@ -189,51 +272,88 @@ func (w *work) recycleLocked() {
 
 // complete finishes the op with (res, err) unless it has finished; it
 // reports whether this call finished it.
+//
+// Why ch and fut need no lock taken first: the state is stored before
+// x is loaded here, and x is stored before the state is loaded in doneCh
+// and Future (all sequentially consistent), so either this call finds
+// the extra its waiter made, or the waiter finds the op done; x.mu then
+// lets one of the two close ch and complete fut.
 func (h *handle) complete(res []*tensor.Tensor, err error) bool {
-	h.mu.Lock()
-	if h.done.Load() {
-		h.mu.Unlock()
+	if !h.state.CompareAndSwap(hLive, hCompleting) {
 		return false
 	}
-	h.res, h.rerr, h.end = res, err, h.b.now()
-	h.done.Store(true)
-	ch, fut := h.ch, h.fut
-	h.mu.Unlock()
+	h.setResults(res, err)
+	h.end = h.b.now()
+	h.state.Store(hDone)
+	x := h.x.Load()
+	if x == nil {
+		return true
+	}
+	x.mu.Lock()
+	ch := x.ch
+	if ch != nil && !x.closed {
+		x.closed = true
+	} else {
+		ch = nil
+	}
+	fut := x.fut
+	if fut != nil && !x.futGiven {
+		x.futGiven = true
+	} else {
+		fut = nil
+	}
+	x.mu.Unlock()
 	if ch != nil {
 		close(ch)
 	}
 	if fut != nil {
-		fut.Complete(res, err)
+		fut.Complete(h.results(), err)
 	}
 	return true
+}
+
+// setResults writes the op's outcome; by its completer, before hDone.
+func (h *handle) setResults(res []*tensor.Tensor, err error) {
+	if err != nil {
+		h.ext().err = err
+		return
+	}
+	if len(res) == 1 {
+		h.res = res[0]
+	} else if len(res) > 1 {
+		h.ext().res = res
+	}
 }
 
 // completeFresh is complete(res, nil) for an op that finished within its
 // submit: nothing else has the handle yet (submit holds b.mu, and the work
 // is in neither b.pending nor the watchdog), so no waiter's channel or
-// Future can exist and no other completer can race; the lock pair is a
-// good part of what completing costs at 8 B.
+// Future can exist and no other completer can race; the compare-and-swap
+// and the look at x are a good part of what completing costs at 8 B.
 func (h *handle) completeFresh(res []*tensor.Tensor) {
-	h.res, h.end = res, h.b.now()
-	h.done.Store(true)
+	h.setResults(res, nil)
+	h.end = h.b.now()
+	h.state.Store(hDone)
 	h.mine = true // its record is recycled next (a fresh op is not watched)
 }
 
 // doneCh is the channel closed at completion, made on first use.
 func (h *handle) doneCh() chan struct{} {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.ch == nil {
-		h.ch = make(chan struct{})
-		if h.done.Load() {
-			close(h.ch)
-		}
+	x := h.ext()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.ch == nil {
+		x.ch = make(chan struct{})
 	}
-	return h.ch
+	if !x.closed && h.IsCompleted() {
+		x.closed = true
+		close(x.ch)
+	}
+	return x.ch
 }
 
 // IsCompleted reports whether the work's op has completed.
-func (w *work) IsCompleted() bool { return w.h.done.Load() }
+func (w *work) IsCompleted() bool { return w.h.IsCompleted() }
 
 // fail completes the work with err, if it has not completed; its requests
 // stay posted until UCC finishes them.
@@ -328,16 +448,16 @@ func (h *handle) WaitHost(ctx context.Context) error {
 		start = h.b.drive(ctx, h)
 	}
 	if h.IsCompleted() {
-		return h.rerr
+		return h.err()
 	}
 	if start.IsZero() {
 		start = time.Now()
 	}
 	select {
 	case <-h.doneCh():
-		return h.rerr
+		return h.err()
 	case <-ctx.Done():
-		return &backend.WaitError{Op: h.op.String(), Seq: h.seq, Rank: h.b.cfg.Rank, Backend: Name, Timeout: h.timeout,
+		return &backend.WaitError{Op: h.op.String(), Seq: h.seq, Rank: h.b.cfg.Rank, Backend: Name, Timeout: h.timeout(),
 			Waited: time.Since(start), Elapsed: h.b.now() - h.enq, Err: ctx.Err()}
 	}
 }
@@ -351,7 +471,7 @@ func (h *handle) Wait(ctx context.Context) error {
 	if !h.IsCompleted() {
 		<-h.doneCh()
 	}
-	return h.rerr
+	return h.err()
 }
 
 // Release implements backend.Releaser: the dispatcher's blocking forms
@@ -369,11 +489,14 @@ func (h *handle) Wait(ctx context.Context) error {
 //     failed or a caller that blocked or asked for them makes.
 func (h *handle) Release() {
 	b := h.b
-	if !h.mine || h.rerr != nil || h.ch != nil || h.fut != nil || b.holds.Load() > 0 {
+	if !h.mine || h.x.Load() != nil || b.holds.Load() > 0 {
 		return
 	}
 	*h = handle{}
 	b.handles.Put(h)
+	if !b.released.Load() {
+		b.released.Store(true)
+	}
 }
 
 // BlockStream implements backend.Work: with no stream to order, it blocks
@@ -381,30 +504,32 @@ func (h *handle) Release() {
 func (h *handle) BlockStream(backend.Stream) error { return h.Wait(context.Background()) }
 
 // IsCompleted implements backend.Work.
-func (h *handle) IsCompleted() bool { return h.done.Load() }
+func (h *handle) IsCompleted() bool { return h.state.Load() == hDone }
 
 // IsStarted implements backend.Work: a work exists once posted.
 func (h *handle) IsStarted() (bool, error) { return true, nil }
 
 // Exception implements backend.Work.
 func (h *handle) Exception() error {
-	if !h.done.Load() {
+	if !h.IsCompleted() {
 		return nil
 	}
-	return h.rerr
+	return h.err()
 }
 
 // Future implements backend.Work; the Future is made on first use.
 func (h *handle) Future() *backend.Future {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.fut == nil {
-		h.fut = backend.NewFuture()
-		if h.done.Load() {
-			h.fut.Complete(h.res, h.rerr)
-		}
+	x := h.ext()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.fut == nil {
+		x.fut = backend.NewFuture()
 	}
-	return h.fut
+	if !x.futGiven && h.IsCompleted() {
+		x.futGiven = true
+		x.fut.Complete(h.results(), x.err)
+	}
+	return x.fut
 }
 
 // SeqNum implements backend.Work.
@@ -412,7 +537,7 @@ func (h *handle) SeqNum() uint64 { return h.seq }
 
 // Duration implements backend.Work: from issue to completion.
 func (h *handle) Duration() (time.Duration, error) {
-	if !h.done.Load() {
+	if !h.IsCompleted() {
 		return 0, errors.New("duration requested before the op completed")
 	}
 	return h.end - h.enq, nil
@@ -428,16 +553,16 @@ func (h *handle) Duration() (time.Duration, error) {
 // (Release): at two ranks, 8 B through conftest bench, the recorder on,
 // an allocation per op and its garbage collections.
 func (h *handle) Outcome() (at, dur time.Duration, timed bool, err error) {
-	if !h.done.Load() {
+	if !h.IsCompleted() {
 		return 0, 0, false, nil
 	}
-	return h.end, h.end - h.enq, true, h.rerr
+	return h.end, h.end - h.enq, true, h.err()
 }
 
 // Abort implements backend.Work: it fails this op with ErrAborted (UCC
 // cannot cancel the requests, which stay posted, as after a timeout).
 func (h *handle) Abort(reason error) {
-	if h.done.Load() {
+	if h.IsCompleted() {
 		return
 	}
 	h.complete(nil, fmt.Errorf("%w: %w", backend.ErrAborted, reason))
