@@ -25,14 +25,25 @@ var twoRanksSeries = []string{"raw", "raw-each", "backend", "backend-async", "ba
 
 // BenchmarkTwoRanks8B splits the 8 B allreduce's time at two ranks, where
 // the backend's distance from raw libucc is measured (issue 12): each rank
-// a process (inRankProcesses says why), one team, the three loops taking
+// a process (inRankProcesses says why), one team, the loops taking
 // turns in rounds of GOCOLL_UCC_BENCH_OPS ops (default 200 000):
 //   - raw: the C loop of the raw libucc peer, all ops in one cgo call;
 //   - raw-each: that loop called once per op from Go, nothing else between
 //     the calls: the floor of an op per crossing;
 //   - backend: Allreduce with Meta.Waited, Wait and Release, as the
 //     dispatcher's AllreduceWait calls them, fingerprint check on (on the
-//     shared-memory board; GOCOLL_UCC_FINGERPRINTS=off turns it off).
+//     shared-memory board; GOCOLL_UCC_FINGERPRINTS=off turns it off);
+//   - backend-async: Allreduce and Wait, the Work then dropped, as the
+//     async form's caller does: its handle is garbage;
+//   - backend-async4: the same with four ops in flight over four tensors
+//     (conftest bench's default depth);
+//   - backend-rel: Allreduce, Wait and Release: the async path with the
+//     handle given back, which tells the garbage's share from the rest.
+//
+// Each rank also writes per loop, to stderr, its GC count and pause,
+// bytes allocated per op, minor faults and involuntary context switches;
+// the benchmark logs them: on two cores, a spinning
+// rank that collects takes a core from its peer.
 //
 // At two ranks most ops complete inside their post (its progress round
 // finds the peer's data there), so a rank's Go from that completion to its
