@@ -108,50 +108,36 @@ func twoRanksRank(b *testing.B, rank int, path string) {
 	xs := []*tensor.Tensor{x}
 	x4 := [4][]*tensor.Tensor{xs, {tensor.New(tensor.Float32, 2)}, {tensor.New(tensor.Float32, 2)}, {tensor.New(tensor.Float32, 2)}}
 	seq := uint64(0)
+	// issue posts the next op on xs; waited says the caller waits at once
+	// (Meta.Waited, as the blocking forms).
+	issue := func(xs []*tensor.Tensor, waited bool) (backend.Work, error) {
+		seq++
+		return be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Timeout: be.cfg.Timeout, Waited: waited}, xs, backend.AllreduceOptions{})
+	}
+	// oneByOne is a loop of issue and Wait, with Release when release.
+	oneByOne := func(waited, release bool) func(n int) error {
+		return func(n int) error {
+			for range n {
+				w, err := issue(xs, waited)
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(ctx); err != nil {
+					return err
+				}
+				if release {
+					w.(backend.Releaser).Release()
+				}
+			}
+			return nil
+		}
+	}
 	loops := map[string]func(n int) error{
-		"raw":      func(n int) error { return be.rawAllreduce(x.Bytes(), n, false) },
-		"raw-each": func(n int) error { return be.rawAllreduce(x.Bytes(), n, true) },
-		"backend": func(n int) error {
-			for range n {
-				seq++
-				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Timeout: be.cfg.Timeout, Waited: true}, xs, backend.AllreduceOptions{})
-				if err != nil {
-					return err
-				}
-				if err := w.Wait(ctx); err != nil {
-					return err
-				}
-				w.(backend.Releaser).Release()
-			}
-			return nil
-		},
-		"backend-async": func(n int) error {
-			for range n {
-				seq++
-				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Timeout: be.cfg.Timeout}, xs, backend.AllreduceOptions{})
-				if err != nil {
-					return err
-				}
-				if err := w.Wait(ctx); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
-		"backend-rel": func(n int) error {
-			for range n {
-				seq++
-				w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Timeout: be.cfg.Timeout}, xs, backend.AllreduceOptions{})
-				if err != nil {
-					return err
-				}
-				if err := w.Wait(ctx); err != nil {
-					return err
-				}
-				w.(backend.Releaser).Release()
-			}
-			return nil
-		},
+		"raw":           func(n int) error { return be.rawAllreduce(x.Bytes(), n, false) },
+		"raw-each":      func(n int) error { return be.rawAllreduce(x.Bytes(), n, true) },
+		"backend":       oneByOne(true, true),
+		"backend-async": oneByOne(false, false),
+		"backend-rel":   oneByOne(false, true),
 		"backend-async4": func(n int) error {
 			var ws [4]backend.Work
 			for i := range n + len(ws) {
@@ -163,8 +149,7 @@ func twoRanksRank(b *testing.B, rank int, path string) {
 					ws[k] = nil
 				}
 				if i < n {
-					seq++
-					w, err := be.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Seq: seq, Timeout: be.cfg.Timeout}, x4[k], backend.AllreduceOptions{})
+					w, err := issue(x4[k], false)
 					if err != nil {
 						return err
 					}
