@@ -121,7 +121,8 @@ var (
 // Future, the Future's channel) and a clock read more than the work
 // itself. A handle carries its completion in its own fields (state, res,
 // end; an error in its extra), makes the channel only when a waiter has to
-// block and the Future only when asked for; the record embeds its plan and is recycled.
+// block and the Future only when asked for; the record embeds its plan and
+// is recycled.
 type work struct {
 	plan
 	h       *handle
@@ -175,11 +176,27 @@ func (b *Backend) newHandle(op backend.Op, m backend.Meta) *handle {
 }
 
 // setTimeout keeps the op's timeout, in its extra when it is not the
-// group's. Only while the handle is the op's alone.
+// group's. Only while the handle is the op's alone. A handle given back
+// may carry the extra of its last op's own timeout (Release), which is
+// reused here or dropped.
 func (h *handle) setTimeout(d time.Duration) {
-	if d != h.b.cfg.Timeout {
+	x := h.x.Load()
+	switch {
+	case d == h.b.cfg.Timeout:
+		if x != nil {
+			h.x.Store(nil)
+		}
+	case x != nil:
+		x.timeout = d
+	default:
 		h.x.Store(&handleExtra{timeout: d, ownTimeout: true})
 	}
+}
+
+// timeoutOnly reports whether the extra holds nothing but the op's own
+// timeout. Only once nothing but the caller can reach the handle.
+func (x *handleExtra) timeoutOnly() bool {
+	return x.err == nil && x.res == nil && x.ch == nil && x.fut == nil
 }
 
 // timeout is the op's timeout (Meta.Timeout).
@@ -486,13 +503,20 @@ func (h *handle) Wait(ctx context.Context) error {
 //     (that goroutine may still be inside complete);
 //   - no pending barrier holds handles of earlier ops (b.holds);
 //   - it carries no error, channel or Future, which only an op that
-//     failed or a caller that blocked or asked for them makes.
+//     failed or a caller that blocked or asked for them makes. An extra
+//     that holds only the op's own timeout stays with the handle, for
+//     the next op's: a blocking loop with a timeout of its own allocates
+//     nothing either.
 func (h *handle) Release() {
 	b := h.b
-	if !h.mine || h.x.Load() != nil || b.holds.Load() > 0 {
+	x := h.x.Load()
+	if !h.mine || (x != nil && !x.timeoutOnly()) || b.holds.Load() > 0 {
 		return
 	}
 	*h = handle{}
+	if x != nil {
+		h.x.Store(x) // for the next op's own timeout (setTimeout)
+	}
 	b.handles.Put(h)
 	if !b.released.Load() {
 		b.released.Store(true)

@@ -228,10 +228,12 @@ func TestAllreduceAllocs(t *testing.T) {
 	for _, mode := range []string{FingerprintsAuto, FingerprintsOff} {
 		t.Run(mode, func(t *testing.T) {
 			b := oneRank(t, mode)
+			// The group's timeout, as the dispatcher passes it: an op with
+			// one of its own carries it in an extra (handle.setTimeout).
 			x := []*tensor.Tensor{tensor.New(tensor.Float32, 2)}
 			ctx := context.Background()
 			n := testing.AllocsPerRun(1000, func() {
-				w, err := b.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce}, x, backend.AllreduceOptions{})
+				w, err := b.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Timeout: b.cfg.Timeout}, x, backend.AllreduceOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -250,7 +252,7 @@ func TestAllreduceAllocs(t *testing.T) {
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
 			for range ops {
-				w, err := b.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce}, x, backend.AllreduceOptions{})
+				w, err := b.Allreduce(ctx, backend.Meta{Op: backend.OpAllreduce, Timeout: b.cfg.Timeout}, x, backend.AllreduceOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}
