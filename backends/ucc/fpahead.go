@@ -229,7 +229,6 @@ func (b *Backend) fpVerifyLocked() {
 		if w := e.w; w != nil {
 			w.fpw.ahead = false
 		}
-		g.chk = e.seq + 1
 	}
 	for _, e := range g.ver[n:] {
 		v, done := judge(g.board, g.rank, g.size, e.seq, e.slot)
@@ -237,7 +236,6 @@ func (b *Backend) fpVerifyLocked() {
 			break
 		}
 		n++
-		g.chk = e.seq + 1
 		w := e.w
 		if w == nil {
 			if v.kind != nil {
@@ -256,11 +254,19 @@ func (b *Backend) fpVerifyLocked() {
 		}
 	}
 	if n > 0 {
-		g.board.checked(g.chk)
-		m := copy(g.ver, g.ver[n:])
-		clear(g.ver[m:])
-		g.ver = g.ver[:m]
+		g.pass(n)
 	}
+}
+
+// pass drops the first n ops of g.ver, checked: the board's count of this
+// rank's checked ops moves past them, which the peers' stand-ins wait for
+// (fpUnackedLocked). b.mu is held.
+func (g *fpGate) pass(n int) {
+	g.chk = g.ver[n-1].seq + 1
+	g.board.checked(g.chk)
+	m := copy(g.ver, g.ver[n:])
+	clear(g.ver[m:])
+	g.ver = g.ver[:m]
 }
 
 // fpUncheckedLocked notes that w, posted ahead, completes before its
@@ -295,13 +301,13 @@ func (b *Backend) fpAgreeLocked() int {
 	for n < len(g.ver) && g.ver[n].slot == first.slot && g.ver[n].seq == first.seq+uint64(n) {
 		n++
 	}
-	if cap(g.rings) < g.size-1 {
+	if g.rings == nil {
+		// The peers' rings stay where they are for the board's life.
 		g.rings = make([]C.uintptr_t, 0, g.size-1)
-	}
-	g.rings = g.rings[:0]
-	for p := range g.size {
-		if p != g.rank {
-			g.rings = append(g.rings, C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slot(p, 0)))))
+		for p := range g.size {
+			if p != g.rank {
+				g.rings = append(g.rings, C.uintptr_t(uintptr(unsafe.Pointer(sb.r.slot(p, 0)))))
+			}
 		}
 	}
 	w1, w2 := first.slot.words()

@@ -306,18 +306,14 @@ func (h *handle) complete(res []*tensor.Tensor, err error) bool {
 	if x == nil {
 		return true
 	}
+	var ch chan struct{}
+	var fut *backend.Future
 	x.mu.Lock()
-	ch := x.ch
-	if ch != nil && !x.closed {
-		x.closed = true
-	} else {
-		ch = nil
+	if x.ch != nil && !x.closed {
+		ch, x.closed = x.ch, true
 	}
-	fut := x.fut
-	if fut != nil && !x.futGiven {
-		x.futGiven = true
-	} else {
-		fut = nil
+	if x.fut != nil && !x.futGiven {
+		fut, x.futGiven = x.fut, true
 	}
 	x.mu.Unlock()
 	if ch != nil {
