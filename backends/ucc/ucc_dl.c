@@ -261,13 +261,19 @@ static int64_t gu_now_ns(void) {
 // differ; it stays 0 while one is missing). Why: a rank waiting here for
 // its peer's data has the time to read the peers' slots, which the lazy
 // check (fpahead.go) would otherwise read in its next batch.
+// gu_words_differ reports whether the published slot s holds words other
+// than (w1, w2), the ahead flag masked: the comparison every look at a
+// peer's slot makes once its number is there.
+static inline int gu_words_differ(const uint64_t *s, uint64_t w1, uint64_t w2) {
+	return (__atomic_load_n(&s[1], __ATOMIC_RELAXED) & ~(uint64_t)GU_FP_AHEAD) != w1 || __atomic_load_n(&s[2], __ATOMIC_RELAXED) != w2;
+}
+
 static void gu_verify(const uintptr_t *vslots, int nvslots, uint64_t vtag, uint64_t vw1, uint64_t vw2, int *verdict) {
 	int differ = 0;
 	for (int i = 0; i < nvslots; i++) {
 		const uint64_t *s = (const uint64_t *)vslots[i];
 		if (__atomic_load_n(&s[0], __ATOMIC_ACQUIRE) != vtag) return;
-		if ((__atomic_load_n(&s[1], __ATOMIC_RELAXED) & ~(uint64_t)GU_FP_AHEAD) != vw1 || __atomic_load_n(&s[2], __ATOMIC_RELAXED) != vw2)
-			differ = 1;
+		if (gu_words_differ(s, vw1, vw2)) differ = 1;
 	}
 	*verdict = differ ? 2 : 1;
 }
@@ -340,8 +346,7 @@ int gu_fp_drive(uintptr_t team, const gu_desc *d, int n, uintptr_t *reqs, int *a
 		const uint64_t *s = (const uint64_t *)slots[i];
 		// A peer that posted the op ahead (fpahead.go) sets GU_FP_AHEAD in
 		// its first word: not part of the op.
-		if ((__atomic_load_n(&s[1], __ATOMIC_RELAXED) & ~(uint64_t)GU_FP_AHEAD) != w1 || __atomic_load_n(&s[2], __ATOMIC_RELAXED) != w2)
-			return GU_FP_DIFFER;
+		if (gu_words_differ(s, w1, w2)) return GU_FP_DIFFER;
 	}
 	*started = 1;
 	int st = gu_coll_start(team, d, n, reqs, at, posting, ctx, err);
@@ -393,8 +398,7 @@ int gu_fp_agree(const uintptr_t *rings, int nrings, uint64_t k, uint64_t seq, in
 		for (int r = 0; r < nrings; r++) {
 			const uint64_t *sl = (const uint64_t *)(rings[r] + at * GU_FP_SLOT);
 			if (__atomic_load_n(&sl[0], __ATOMIC_ACQUIRE) != s + 1) return i;
-			if ((__atomic_load_n(&sl[1], __ATOMIC_RELAXED) & ~(uint64_t)GU_FP_AHEAD) != w1 || __atomic_load_n(&sl[2], __ATOMIC_RELAXED) != w2)
-				return i;
+			if (gu_words_differ(sl, w1, w2)) return i;
 		}
 	}
 	return i;
