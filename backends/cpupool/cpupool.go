@@ -26,10 +26,10 @@
 // Gloo context is.
 //
 // On one host (every peer in shared memory) allreduce takes fast paths
-// (lanes.go): up to SmallBytes, recursive doubling over the mesh's lanes
-// on the op's own goroutine, reducing straight out of shared memory;
-// beyond, direct reads of the peers' buffers (process_vm_readv) where the
-// ranks may read each other's memory.
+// (lanes.go): up to LaneBytes, recursive doubling over the mesh's lanes
+// on the op's own goroutine, reducing straight out of shared memory
+// (every size at 2 ranks); beyond, direct reads of the peers' buffers
+// (process_vm_readv) where the ranks may read each other's memory.
 //
 // Algorithms live in internal/coll: recursive doubling for small
 // allreduces, pipelined ring reduce-scatter + all-gather for large ones,
@@ -102,7 +102,7 @@ type Options struct {
 	// host runs recursive doubling over the lanes (shared memory, in
 	// chunks; at 3 or more ranks, beyond 128 KiB, a reduce-scatter and
 	// allgather) rather than direct reads of the peers' buffers. Default:
-	// 2 MiB at 2 ranks, where the lanes' copies stay in cache and beat the
+	// every size at 2 ranks, where the lanes' streamed copies beat the
 	// kernel's page-by-page reads; SmallBytes at more.
 	LaneBytes int
 	// RawLaneBytes, when > 0, is the size from which a direct-read

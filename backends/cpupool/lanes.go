@@ -3,6 +3,7 @@ package cpupool
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 
 	"github.com/gocoll/gocoll/backend"
@@ -29,10 +30,13 @@ import (
 // worked out once at set-up into b.lanes, which every op reads. Beyond
 // it, direct reads (or the ring) move fewer bytes than recursive
 // doubling. Two ranks exchange the whole buffer once either way, and
-// below about 2 MiB (this host's L2) the lanes' user-space copies beat
-// the kernel's reads, which pin and copy the peer's pages one by one: at
-// 512 KiB and 1 MiB the lanes took 70-75 and 148-160 µs against the
-// direct reads' 100-119 and 190-207 (docs/perf.md).
+// there the lanes win at every size: their copies into shared memory
+// stream past the cache (shm's copyNT), so the peer reads memory rather
+// than lines another core holds modified, where the direct reads pin and
+// copy the peer's pages one by one in the kernel. On the dev machine,
+// 2 ranks, 4 and 16 MiB took 282-303 and 1351-1361 µs over the lanes
+// against 405-1018 and 3337-3455 by direct reads (docs/perf.md, issue 17,
+// fourteenth pass).
 func (b *Backend) laneBytes() int {
 	if b.opts.LaneBytes > 0 {
 		return b.opts.LaneBytes
@@ -57,8 +61,8 @@ func (b *Backend) laneBytes() int {
 // more ranks when they outnumber the host's cores.
 const defaultLaneBytesOversubscribed = 1 << 20
 
-// defaultLaneBytes2 is laneBytes' default at 2 ranks.
-const defaultLaneBytes2 = 2 << 20
+// defaultLaneBytes2 is laneBytes' default at 2 ranks: every size.
+const defaultLaneBytes2 = math.MaxInt
 
 // rsagMin is the size beyond which a lane allreduce of 3 or more ranks is
 // a reduce-scatter and allgather (coll.AllreduceLanesRSAG) rather than

@@ -344,7 +344,8 @@ func TestLaneRSAGPeerDeath(t *testing.T) {
 
 // TestDirectAllreduce runs allreduces larger than the lanes, which ranks
 // that may read each other's memory (these, of one process) run by direct
-// reads (coll.AllreduceDirect): worlds 2, 3 and 4, element sizes 1, 2, 4
+// reads (coll.AllreduceDirect), and the same at 2 ranks over the lanes,
+// which take every size there by default: worlds 2, 3 and 4, element sizes 1, 2, 4
 // and 8, an odd count (uneven blocks, pieces that end mid-block), SUM and
 // MAX, small integers so that the exact answer is known; at 2 ranks also
 // blocks of several of the pair's larger pieces (coll.DirectPiece) and a
@@ -359,8 +360,20 @@ func TestDirectAllreduce(t *testing.T) {
 	for _, dt := range []tensor.DType{tensor.Int8, tensor.Float16, tensor.Float32, tensor.Float64} {
 		shapes = append(shapes, shape{dt, 300007})
 	}
-	for _, n := range []int{2, 3, 4} {
-		bs := group(t, n, &cpupool.Options{Transport: "shm"})
+	for _, c := range []struct {
+		n    int
+		opts *cpupool.Options
+	}{
+		// 2 ranks take the lanes at every size by default: LaneBytes
+		// sends these to the direct reads; the default runs them over
+		// the lanes, in chunks.
+		{2, &cpupool.Options{Transport: "shm", LaneBytes: 256 << 10}},
+		{2, &cpupool.Options{Transport: "shm"}},
+		{3, &cpupool.Options{Transport: "shm"}},
+		{4, &cpupool.Options{Transport: "shm"}},
+	} {
+		n := c.n
+		bs := group(t, n, c.opts)
 		all := shapes
 		if n == 2 {
 			// Blocks of 2.9 and 5.7 MiB: pieces of 2 MiB, the last one short.

@@ -425,8 +425,8 @@ func (r *Ring) Skip(n int) error {
 
 func (r *Ring) copyIn(pos uint64, p []byte) {
 	off := pos & r.mask
-	n := copy(r.data[off:], p)
-	copy(r.data, p[n:])
+	n := copyNT(r.data[off:], p)
+	copyNT(r.data, p[n:])
 }
 
 func (r *Ring) publish(t uint64) {

@@ -1,0 +1,5 @@
+//go:build !amd64
+
+package shm
+
+func copyNT(dst, src []byte) int { return copy(dst, src) }
