@@ -23,10 +23,20 @@ const twoRanksEnv = "GOCOLL_UCC_BENCH_TWO_RANKS"
 // round runs them.
 var twoRanksSeries = []string{"raw", "raw-each", "backend", "backend-async", "backend-async4", "backend-rel"}
 
+// twoRanksSelected is twoRanksSeries, or the comma-separated series of
+// GOCOLL_UCC_BENCH_SERIES (a profile of one loop, say).
+func twoRanksSelected() []string {
+	if v := os.Getenv("GOCOLL_UCC_BENCH_SERIES"); v != "" {
+		return strings.Split(v, ",")
+	}
+	return twoRanksSeries
+}
+
 // BenchmarkTwoRanks8B splits the 8 B allreduce's time at two ranks, where
 // the backend's distance from raw libucc is measured (issue 12): each rank
 // a process (inRankProcesses says why), one team, the loops taking
-// turns in rounds of GOCOLL_UCC_BENCH_OPS ops (default 200 000):
+// turns in rounds of GOCOLL_UCC_BENCH_OPS ops (default 200 000; the loops
+// of GOCOLL_UCC_BENCH_SERIES, default all):
 //   - raw: the C loop of the raw libucc peer, all ops in one cgo call;
 //   - raw-each: that loop called once per op from Go, nothing else between
 //     the calls: the floor of an op per crossing;
@@ -75,7 +85,7 @@ func BenchmarkTwoRanks8B(b *testing.B) {
 			}
 		}
 	}
-	for _, s := range twoRanksSeries {
+	for _, s := range twoRanksSelected() {
 		if len(times[s]) == 0 {
 			b.Fatalf("rank 0 reported no %s times:\n%s", s, outs[0])
 		}
@@ -159,13 +169,14 @@ func twoRanksRank(b *testing.B, rank int, path string) {
 			return nil
 		},
 	}
-	for _, s := range twoRanksSeries { // warm every loop up
+	series := twoRanksSelected()
+	for _, s := range series { // warm every loop up
 		if err := loops[s](ops / 10); err != nil {
 			b.Fatal(err)
 		}
 	}
 	for range 3 {
-		for _, s := range twoRanksSeries {
+		for _, s := range series {
 			var m0, m1 runtime.MemStats
 			var u0, u1 syscall.Rusage
 			runtime.ReadMemStats(&m0)
