@@ -102,8 +102,9 @@ type Options struct {
 	// host runs recursive doubling over the lanes (shared memory, in
 	// chunks; at 3 or more ranks, beyond 128 KiB, a reduce-scatter and
 	// allgather) rather than direct reads of the peers' buffers. Default:
-	// every size at 2 ranks, where the lanes' streamed copies beat the
-	// kernel's page-by-page reads; SmallBytes at more.
+	// every size at 2 ranks, and at more when they outnumber the host's
+	// cores, where the lanes' streamed copies beat the kernel's
+	// page-by-page reads; SmallBytes otherwise.
 	LaneBytes int
 	// RawLaneBytes, when > 0, is the size from which a direct-read
 	// allreduce of 2 ranks sends the raw half of the buffer over the

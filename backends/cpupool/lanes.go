@@ -46,20 +46,21 @@ func (b *Backend) laneBytes() int {
 	}
 	lanes := min(b.comm.Small, b.opts.SmallBytes)
 	if b.mesh.Oversubscribed() {
-		// With more ranks than cores, the lanes' reduce-scatter beat the
-		// direct reads at 1 MiB: 4 ranks on 2 cores, a quiet machine, 5
-		// interleaved rounds, 617-746 µs against 745-842 (Open MPI
-		// 702-789 in the same runs); 512 KiB tied (docs/perf.md, end of
-		// session 4). With a core per rank, the direct reads won or tied
-		// at 512 KiB and 1 MiB, and keep everything beyond SmallBytes.
-		lanes = max(lanes, defaultLaneBytesOversubscribed)
+		// With more ranks than cores, the lanes beat the direct reads at
+		// every size once their copies streamed past the cache: 4 ranks
+		// on 2 cores, 4 rounds taking turns, 2, 4 and 16 MiB took
+		// 887-1148, 1704-2532 and 8432-10669 µs against 1300-1498,
+		// 2384-3175 and 13520-16677 (docs/perf.md, issue 17, fourteenth
+		// pass). With a core per rank, the direct reads won or tied at
+		// 512 KiB and 1 MiB, and keep everything beyond SmallBytes.
+		return defaultLaneBytesOversubscribed
 	}
 	return lanes
 }
 
-// defaultLaneBytesOversubscribed is laneBytes' least default at 3 or
-// more ranks when they outnumber the host's cores.
-const defaultLaneBytesOversubscribed = 1 << 20
+// defaultLaneBytesOversubscribed is laneBytes' default at 3 or more
+// ranks when they outnumber the host's cores: every size.
+const defaultLaneBytesOversubscribed = math.MaxInt
 
 // defaultLaneBytes2 is laneBytes' default at 2 ranks: every size.
 const defaultLaneBytes2 = math.MaxInt

@@ -344,8 +344,9 @@ func TestLaneRSAGPeerDeath(t *testing.T) {
 
 // TestDirectAllreduce runs allreduces larger than the lanes, which ranks
 // that may read each other's memory (these, of one process) run by direct
-// reads (coll.AllreduceDirect), and the same at 2 ranks over the lanes,
-// which take every size there by default: worlds 2, 3 and 4, element sizes 1, 2, 4
+// reads (coll.AllreduceDirect), and the same by default, which takes the
+// lanes at every size at 2 ranks and when ranks outnumber cores: worlds
+// 2, 3 and 4, element sizes 1, 2, 4
 // and 8, an odd count (uneven blocks, pieces that end mid-block), SUM and
 // MAX, small integers so that the exact answer is known; at 2 ranks also
 // blocks of several of the pair's larger pieces (coll.DirectPiece) and a
@@ -364,12 +365,14 @@ func TestDirectAllreduce(t *testing.T) {
 		n    int
 		opts *cpupool.Options
 	}{
-		// 2 ranks take the lanes at every size by default: LaneBytes
-		// sends these to the direct reads; the default runs them over
-		// the lanes, in chunks.
+		// 2 ranks, and more on fewer cores (as here in CI), take the
+		// lanes at every size by default: LaneBytes sends these to the
+		// direct reads; the default runs them over the lanes, in chunks.
 		{2, &cpupool.Options{Transport: "shm", LaneBytes: 256 << 10}},
 		{2, &cpupool.Options{Transport: "shm"}},
+		{3, &cpupool.Options{Transport: "shm", LaneBytes: 256 << 10}},
 		{3, &cpupool.Options{Transport: "shm"}},
+		{4, &cpupool.Options{Transport: "shm", LaneBytes: 256 << 10}},
 		{4, &cpupool.Options{Transport: "shm"}},
 	} {
 		n := c.n
@@ -407,7 +410,8 @@ func TestDirectAllreduce(t *testing.T) {
 // connections) while its peers wait in a direct allreduce is named by
 // them with ErrRemote, promptly.
 func TestDirectPeerDeath(t *testing.T) {
-	expectPeerDeathRemote(t, &cpupool.Options{Transport: "shm"}, 1<<20)
+	// LaneBytes: 3 ranks on fewer cores would take the lanes.
+	expectPeerDeathRemote(t, &cpupool.Options{Transport: "shm", LaneBytes: 256 << 10}, 1<<20)
 }
 
 // allreduceValues allreduces vals, as a tensor of dtype dt, with op on b
