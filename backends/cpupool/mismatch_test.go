@@ -45,6 +45,14 @@ func TestMismatchedCollectives(t *testing.T) {
 			}
 			return b.Broadcast(ctx, backend.Meta{Timeout: 10 * time.Second}, []*tensor.Tensor{x}, backend.BroadcastOptions{})
 		}, "rank 0 allreduce float32 x 1024 (SUM), rank 1 broadcast float32 x 1024"},
+		// On one host a barrier is a one-byte MAX allreduce over the lanes
+		// (barrierLanes): its fingerprint still says barrier.
+		{"barrier", func(b backend.Backend, r int) (backend.Work, error) {
+			if r == 0 {
+				return b.Barrier(ctx, backend.Meta{Timeout: 10 * time.Second}, backend.BarrierOptions{})
+			}
+			return b.Allreduce(ctx, backend.Meta{Timeout: 10 * time.Second}, []*tensor.Tensor{tensor.New(tensor.Uint8, 1)}, backend.AllreduceOptions{ReduceOp: backend.MAX})
+		}, "rank 0 barrier, rank 1 allreduce uint8 x 1 (MAX)"},
 		{"count", allreduce(f32, sum), ""}, // same count: no error (a control)
 	} {
 		for _, tr := range []string{"tcp", "shm"} {

@@ -637,6 +637,9 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 	if err := b.usable(op, m.Seq); err != nil {
 		return nil, err
 	}
+	if b.cfg.WorldSize > 1 && b.mesh.Lanes() {
+		return b.barrierLanes(ctx, m)
+	}
 	j := b.newJob(ctx, op, m, nil, nil)
 	j.fp = fingerprint(op, 0, nil, 0)
 	j.tag = b.issued.Add(1)
@@ -658,6 +661,42 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 		return nil, b.usable(op, m.Seq)
 	}
 	return h, nil
+}
+
+// barrierLanes is Barrier when every peer shares this host: a lane op
+// (its caller's Wait runs it, polling shared memory), that waits for the
+// earlier works and then allreduces one byte over the lanes. Why: the
+// dissemination barrier's messages go through the mesh's ring readers,
+// a goroutine and a thread wake-up per message on each rank, and with
+// more ranks than cores each wake-up waits for a core that spinning
+// ranks hold: 4 ranks on 2 cores left one rank 8-18 ms behind the others
+// at most barriers, where a one-byte lane allreduce took tens of
+// microseconds (docs/perf.md, issue 17, fourteenth pass).
+func (b *Backend) barrierLanes(ctx context.Context, m backend.Meta) (backend.Work, error) {
+	b.mu.Lock()
+	b.sweepLocked()
+	b.holds++
+	earlier := slices.Clone(b.outstanding)
+	b.mu.Unlock()
+	w, err := b.collectiveLane(ctx, backend.OpBarrier, m, fingerprint(backend.OpBarrier, 0, nil, 0), nil, func(ctx context.Context, lo *laneOp) error {
+		resume := tcpmesh.Blocking(ctx) // the earlier works may need this rank's ring readers
+		err := waitEarlier(ctx, earlier)
+		resume()
+		b.unhold()
+		if err != nil {
+			return err
+		}
+		k, err := reduce.For(tensor.Uint8, backend.MAX)
+		if err != nil {
+			return err
+		}
+		var one [1]byte
+		return b.laneAlgo(ctx, lo, one[:], k)
+	}, nil, reduce.Kernel{})
+	if err != nil {
+		b.unhold() // the run never runs
+	}
+	return w, err
 }
 
 // waitEarlier waits for a barrier's earlier works; it fails only when
