@@ -75,12 +75,11 @@ const defaultLaneBytes2 = math.MaxInt
 // (docs/perf.md).
 const rsagMin = 128 << 10
 
-// rsagFor reports whether a lane allreduce of n bytes of elements of elem
-// bytes is a reduce-scatter and allgather: 3 or more ranks, beyond
-// rsagMin, with blocks that a lane message takes whole.
-func (b *Backend) rsagFor(n, elem int) bool {
-	w := b.cfg.WorldSize
-	return w >= 3 && n > rsagMin && (n/elem+w-1)/w*elem <= coll.RSAGMax
+// rsagFor reports whether a lane allreduce of n bytes is a reduce-scatter
+// and allgather: 3 or more ranks, beyond rsagMin (in rounds beyond
+// RSAGMax a block: coll.AllreduceLanesRSAG).
+func (b *Backend) rsagFor(n int) bool {
+	return b.cfg.WorldSize >= 3 && n > rsagMin
 }
 
 // lanesFor reports whether an allreduce of n bytes takes the lanes.
@@ -262,7 +261,7 @@ func (b *Backend) laneAlgo(ctx context.Context, lo *laneOp, buf []byte, k reduce
 			b.scratch = make([]byte, flatBytes)
 		}
 		return coll.AllreduceLanesFlat(ctx, lo, buf, k, b.scratch)
-	case b.rsagFor(len(buf), k.ElemSize):
+	case b.rsagFor(len(buf)):
 		return coll.AllreduceLanesRSAG(ctx, lo, buf, k)
 	default:
 		return coll.AllreduceLanes(ctx, lo, buf, k)

@@ -308,6 +308,25 @@ func TestLaneAllreduceRSAG(t *testing.T) {
 	}
 }
 
+// TestLaneAllreduceRSAGRounds runs lane allreduces whose blocks exceed a
+// lane message (coll.RSAGMax), which coll.AllreduceLanesRSAG takes in
+// rounds, in worlds of 3 and 4 over the real shared-memory lanes: two
+// whole rounds and a short third, odd counts.
+func TestLaneAllreduceRSAGRounds(t *testing.T) {
+	ctx := context.Background()
+	for _, n := range []int{3, 4} {
+		bs := group(t, n, &cpupool.Options{Transport: "shm", LaneBytes: 64 << 20})
+		for _, dt := range []tensor.DType{tensor.Int8, tensor.Float64} {
+			elems := 2*n*coll.RSAGMax/dt.Size() + 4001
+			for _, op := range []reduceop.ReduceOp{backend.SUM, backend.MAX} {
+				each(t, bs, func(r int, b backend.Backend) error {
+					return checkLaneValues(ctx, b, dt, op, n, r, elems, func(rank, i int) float64 { return float64((i+rank)%3 + 1) })
+				})
+			}
+		}
+	}
+}
+
 // checkLaneValues is one rank's part (rank r of n) in an allreduce of op
 // over elems values of dt, val(rank, i) on each rank: it fails unless every
 // element is laneExpect's answer (for bool, its truth).

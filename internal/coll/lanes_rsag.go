@@ -6,10 +6,10 @@ import (
 	"github.com/gocoll/gocoll/internal/reduce"
 )
 
-// RSAGMax is the largest buffer per rank block AllreduceLanesRSAG takes:
-// each of its messages is one block, sent whole, and a lane must hold two
-// of them (this op's, and the previous op's last, which its reader may
-// not have taken yet), so that a send never waits.
+// RSAGMax is the largest block of one round of AllreduceLanesRSAG: each
+// of its messages is one block, sent whole, and a lane must hold two of
+// them (this round's, and the previous round's or op's last, which its
+// reader may not have taken yet), so that a send never waits.
 const RSAGMax = laneWhole
 
 // AllreduceLanesRSAG is a reduce-scatter then an allgather over lanes,
@@ -20,9 +20,24 @@ const RSAGMax = laneWhole
 // 2(n-1)/n of the buffer and reduces (n-1)/n of it, against recursive
 // doubling's log2(n) whole copies and reductions: less work in all, which
 // is what counts when ranks share cores. Every block is reduced once, by
-// its owner, so every rank has the same bits. Blocks must be at most
-// RSAGMax bytes.
+// its owner, so every rank has the same bits. A buffer whose blocks would
+// exceed RSAGMax goes in rounds, one after another, each over a segment
+// of n blocks of at most RSAGMax bytes.
 func AllreduceLanesRSAG(ctx context.Context, t Lanes, buf []byte, k reduce.Kernel) error {
+	e := k.ElemSize
+	seg := t.Size() * (RSAGMax / e) * e
+	for len(buf) > seg {
+		if err := rsagRound(ctx, t, buf[:seg], k); err != nil {
+			return err
+		}
+		buf = buf[seg:]
+	}
+	return rsagRound(ctx, t, buf, k)
+}
+
+// rsagRound is one round of AllreduceLanesRSAG, over a buffer whose blocks
+// are at most RSAGMax bytes.
+func rsagRound(ctx context.Context, t Lanes, buf []byte, k reduce.Kernel) error {
 	n, r := t.Size(), t.Rank()
 	if n <= 1 || len(buf) == 0 {
 		return nil

@@ -120,6 +120,9 @@ func TestLaneLargeWaits(t *testing.T) {
 		{"chunked, 2 ranks", 2, (laneWhole + 4096) / 4, true, AllreduceLanes},
 		{"chunked, 3 ranks (fold)", 3, (laneWhole + 4096) / 4, true, AllreduceLanes},
 		{"rsag, 4 ranks", 4, (256<<10)/4 + 3, true, AllreduceLanesRSAG},
+		// Blocks beyond RSAGMax: two whole rounds and a short third.
+		{"rsag in rounds, 3 ranks", 3, (2*3*RSAGMax+4100)/4 + 1, true, AllreduceLanesRSAG},
+		{"rsag in rounds, 4 ranks", 4, 2 * RSAGMax, true, AllreduceLanesRSAG},
 		{"one message, 2 ranks", 2, 1000, false, AllreduceLanes},
 	} {
 		t.Run(c.name, func(t *testing.T) {
