@@ -165,10 +165,12 @@ type Backend struct {
 	// scratch is the flat lane allreduce's copy of this rank's
 	// contribution; lane ops run one at a time, so one is enough.
 	scratch []byte
-	issued  atomic.Uint64 // collectives issued; the next one's tag is issued+1
-	ended   atomic.Uint64 // collectives run to their end, ok or not (probeValue)
-	q       queue
-	wg      sync.WaitGroup
+	streams streamChooser // the copy mode of large lane allreduces (stream.go); the lane ops'
+
+	issued atomic.Uint64 // collectives issued; the next one's tag is issued+1
+	ended  atomic.Uint64 // collectives run to their end, ok or not (probeValue)
+	q      queue
+	wg     sync.WaitGroup
 
 	mu          sync.Mutex
 	outstanding []backend.Work

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"time"
 
 	"github.com/gocoll/gocoll/backend"
 	"github.com/gocoll/gocoll/internal/coll"
@@ -239,8 +240,20 @@ func (b *Backend) flatFor(n int) bool {
 // runAllreduceLanes is the run of a lane allreduce of bufs with k.
 func (b *Backend) runAllreduceLanes(ctx context.Context, lo *laneOp, bufs [][]byte, k reduce.Kernel) error {
 	buf := combineLocal(k, bufs, 0)
-	if err := b.laneAlgo(ctx, lo, buf, k); err != nil {
-		return err
+	if len(buf) < streamMin {
+		if err := b.laneAlgo(ctx, lo, buf, k); err != nil {
+			return err
+		}
+	} else {
+		// A large one: its copies cached or streamed, as the ops of its
+		// size before it found faster (stream.go).
+		class, stream := b.streams.pick(len(buf))
+		b.mesh.StreamLanes(stream)
+		start := time.Now()
+		if err := b.laneAlgo(ctx, lo, buf, k); err != nil {
+			return err
+		}
+		b.streams.observe(class, stream, time.Since(start))
 	}
 	b.post(k, buf, b.cfg.WorldSize*len(bufs))
 	for _, o := range bufs[1:] {

@@ -45,11 +45,13 @@ func TestCopyNT(t *testing.T) {
 	}
 }
 
-// TestRingLargeWrap writes runs of ntMin and more through a ring whose end
-// they straddle (copyIn's two streamed parts) and reads them back.
+// TestRingLargeWrap writes runs of ntMin and more through a streaming ring
+// (Ring.Stream) whose end they straddle (copyIn's two streamed parts) and
+// reads them back.
 func TestRingLargeWrap(t *testing.T) {
 	a, b := pair(t, 4*ntMin)
 	w, r := a.Out, b.In
+	w.Stream = true
 	ctx := context.Background()
 	for i, n := range []int{ntMin + 100, 2*ntMin - 7, 3 * ntMin, ntMin + 1, 3*ntMin + 64} {
 		msg := make([]byte, n)

@@ -123,6 +123,14 @@ type Ring struct {
 	// kernel runs next, at the cost of a system call per poll rather than
 	// a futex sleep and wake-up per message (Open MPI's yield_when_idle).
 	Yield time.Duration
+	// Stream makes the writer's copies of ntMin bytes or more stream past
+	// its cache (non-temporal stores, copyNT), so that the reader fetches
+	// them from memory rather than from the writer's core. Which is
+	// faster depends on where the two cores are: far apart (another
+	// core complex, another socket) a modified line's trip between them
+	// costs more than memory; close (a shared cache) it costs less. Only
+	// the writer sets it, between writes.
+	Stream bool
 }
 
 // HostID identifies this host's boot: the host name and the kernel's boot
@@ -425,8 +433,13 @@ func (r *Ring) Skip(n int) error {
 
 func (r *Ring) copyIn(pos uint64, p []byte) {
 	off := pos & r.mask
-	n := copyNT(r.data[off:], p)
-	copyNT(r.data, p[n:])
+	if r.Stream {
+		n := copyNT(r.data[off:], p)
+		copyNT(r.data, p[n:])
+		return
+	}
+	n := copy(r.data[off:], p)
+	copy(r.data, p[n:])
 }
 
 func (r *Ring) publish(t uint64) {

@@ -110,6 +110,17 @@ func (m *Mesh) HoldLanes() { m.laneHold.RLock() }
 // ReleaseLanes ends a HoldLanes.
 func (m *Mesh) ReleaseLanes() { m.laneHold.RUnlock() }
 
+// StreamLanes sets whether this rank's large lane messages stream past its
+// cache into the lanes (shm.Ring.Stream) until the next call. The caller
+// holds the lanes (HoldLanes) and runs the only lane op of this rank.
+func (m *Mesh) StreamLanes(on bool) {
+	for _, p := range m.peers {
+		if p != nil && p.lane != nil {
+			p.lane.Out.Stream = on
+		}
+	}
+}
+
 // LaneSendHeld writes buf to peer's lane as the message of the op with
 // tag, described by fp (the same fingerprint as the rings' frames carry).
 // It waits only while the peer's previous message is unread. The caller

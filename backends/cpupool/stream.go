@@ -1,0 +1,97 @@
+package cpupool
+
+import (
+	"math/bits"
+	"slices"
+	"time"
+)
+
+// Whether a large lane allreduce's copies into the lanes stream past the
+// cache (tcpmesh.Mesh.StreamLanes) is chosen per op by streamChooser, from
+// the times of the ops before it. Why not a constant: on the dev machine
+// (two virtual CPUs whose places on the host change from minute to
+// minute) a 2-rank 1 MiB allreduce took 70 µs with cached copies and 95
+// streamed in one phase, and 193 cached against 70 streamed in the next:
+// where the cores share a cache, the reader takes a modified line from it
+// faster than from memory; where they do not, memory is faster. The
+// guest cannot see where its CPUs are, so the ops' own times decide.
+
+// streamMin is the smallest allreduce whose copies may stream: below it no
+// lane message reaches shm's threshold (ntMin) anyway.
+const streamMin = 32 << 10
+
+// streamClasses are the size classes streamChooser keeps apart (powers of
+// two from streamMin): where a buffer fits in a cache matters as much as
+// where the cores are.
+const streamClasses = 16
+
+// streamExplore is how often (one op in streamExplore of a class) the
+// chooser tries the way it does not prefer, so that it sees a change of
+// phase. Every rank counts the same ops of a class (collectives run in
+// one order everywhere), so their tries fall on the same op, and a try
+// times both ranks' copies done that way.
+// A try costs the difference between the ways (up to 3x, in the phases
+// above) once in streamExplore ops of the class.
+const streamExplore = 32
+
+// streamChooser picks the copy mode of each large lane allreduce and
+// learns from its time. It is the lane ops' (one at a time, in their
+// turns), so it needs no lock. The zero value is ready.
+type streamChooser struct {
+	cls [streamClasses]streamClass
+}
+
+// streamClass is what streamChooser knows of one size class.
+type streamClass struct {
+	ops  uint32                       // ops of the class picked so far
+	seen [2]uint32                    // samples of each way, cached [0] and streamed [1]
+	last [2][streamKeep]time.Duration // each way's last samples, by seen mod streamKeep
+}
+
+// streamKeep is how many of a way's samples its cost is the least of.
+// Why the least: what slows an op down here (a rank descheduled, a peer
+// late) only ever adds time, so the fastest recent op is the way's own
+// cost; and a change of phase shows in streamKeep ops of the preferred
+// way, or in the first try of the other that is faster.
+const streamKeep = 4
+
+// cost is way m's cost: the least of its last samples.
+func (s *streamClass) cost(m int) time.Duration {
+	n := min(int(s.seen[m]), streamKeep)
+	return slices.Min(s.last[m][:n])
+}
+
+// streamClassOf is the size class of an allreduce of n >= streamMin bytes.
+func streamClassOf(n int) int {
+	return min(bits.Len(uint(n))-bits.Len(streamMin), streamClasses-1)
+}
+
+// pick returns the class of an allreduce of n >= streamMin bytes and
+// whether its copies stream: first two ops each way, taking turns, then
+// the cheaper way, and the other one op in streamExplore.
+func (c *streamChooser) pick(n int) (class int, stream bool) {
+	class = streamClassOf(n)
+	s := &c.cls[class]
+	i := s.ops
+	s.ops++
+	if s.seen[0] < 2 || s.seen[1] < 2 {
+		return class, s.seen[1] < s.seen[0]
+	}
+	better := s.cost(1) < s.cost(0)
+	if i%streamExplore == 0 {
+		return class, !better
+	}
+	return class, better
+}
+
+// observe records that an op of class took d with its copies streamed
+// or not.
+func (c *streamChooser) observe(class int, stream bool, d time.Duration) {
+	s := &c.cls[class]
+	m := 0
+	if stream {
+		m = 1
+	}
+	s.last[m][s.seen[m]%streamKeep] = d
+	s.seen[m]++
+}

@@ -1,0 +1,109 @@
+package cpupool
+
+import (
+	"testing"
+	"time"
+)
+
+// runStream plays ops of n bytes through c, each costing what cost says
+// for its mode and op index, and returns the modes picked.
+func runStream(c *streamChooser, n, ops int, cost func(i int, stream bool) time.Duration) []bool {
+	modes := make([]bool, ops)
+	for i := range modes {
+		k, s := c.pick(n)
+		modes[i] = s
+		c.observe(k, s, cost(i, s))
+	}
+	return modes
+}
+
+// streamed counts the streamed picks among modes.
+func streamed(modes []bool) int {
+	n := 0
+	for _, s := range modes {
+		if s {
+			n++
+		}
+	}
+	return n
+}
+
+// TestStreamChooser: the chooser tries each mode twice, then keeps to the
+// cheaper one but for one op in streamExplore, follows a change of phase
+// within a few tries, shrugs off one slow op, and keeps size classes
+// apart.
+func TestStreamChooser(t *testing.T) {
+	const n = 1 << 20
+	fast, slow := 70*time.Microsecond, 190*time.Microsecond
+	streamFaster := func(_ int, s bool) time.Duration {
+		if s {
+			return fast
+		}
+		return slow
+	}
+	var c streamChooser
+	modes := runStream(&c, n, 4+10*streamExplore, streamFaster)
+	if modes[0] || !modes[1] || modes[2] || !modes[3] {
+		t.Fatalf("first four ops: streamed %v; want two each way, taking turns, cached first", modes[:4])
+	}
+	if got, want := len(modes)-4-streamed(modes[4:]), 10; got != want {
+		t.Fatalf("cached %d of %d ops after the first four, want %d (one in %d)", got, len(modes)-4, want, streamExplore)
+	}
+
+	// The phase changes: cached copies become the faster way. Within a
+	// few tries (one op in streamExplore each) the chooser turns.
+	cachedFaster := func(i int, s bool) time.Duration { return streamFaster(i, !s) }
+	modes = runStream(&c, n, 12*streamExplore, cachedFaster)
+	if last := modes[len(modes)-4*streamExplore:]; streamed(last) > 4 {
+		t.Fatalf("after the change, %d of the last %d ops streamed, want at most 4 (the tries)", streamed(last), len(last))
+	}
+
+	// One op a hundred times slower does not turn a clear preference,
+	// nor does a slow first op each way (a cold one).
+	var d streamChooser
+	runStream(&d, n, 4*streamExplore, func(i int, s bool) time.Duration {
+		if i < 2 {
+			return 100 * slow
+		}
+		return streamFaster(i, s)
+	})
+	modes = runStream(&d, n, 2*streamExplore, func(i int, s bool) time.Duration {
+		if i == 0 {
+			return 100 * slow
+		}
+		return streamFaster(i, s)
+	})
+	if streamed(modes) < 2*streamExplore-2 {
+		t.Fatalf("one slow op: %d of %d ops streamed, want all but the tries", streamed(modes), len(modes))
+	}
+
+	// Each size class learns on its own: here small buffers are cheaper
+	// cached, large ones streamed.
+	var e streamChooser
+	for range 8 * streamExplore {
+		for _, size := range []int{streamMin, 64 << 20} {
+			k, s := e.pick(size)
+			d := streamFaster(0, s)
+			if size == streamMin {
+				d = cachedFaster(0, s)
+			}
+			e.observe(k, s, d)
+		}
+	}
+	if _, s := e.pick(streamMin + 1); s {
+		if _, s2 := e.pick(streamMin + 1); s2 {
+			t.Fatal("small buffers stream, though cached copies were cheaper for them")
+		}
+	}
+	if _, s := e.pick(64<<20 + 1); !s {
+		if _, s2 := e.pick(64<<20 + 1); !s2 {
+			t.Fatal("large buffers are cached, though streamed copies were cheaper for them")
+		}
+	}
+	if a, b := streamClassOf(streamMin), streamClassOf(64<<20); a == b {
+		t.Fatalf("32 KiB and 64 MiB share class %d", a)
+	}
+	if got := streamClassOf(1 << 40); got != streamClasses-1 {
+		t.Fatalf("class of 1 TiB = %d, want the last, %d", got, streamClasses-1)
+	}
+}
