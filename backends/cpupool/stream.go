@@ -25,13 +25,13 @@ const streamMin = 32 << 10
 // where the cores are.
 const streamClasses = 16
 
-// streamExplore is how often (one op in streamExplore of a class) the
+// streamExplore is how often (two ops in streamExplore of a class) the
 // chooser tries the way it does not prefer, so that it sees a change of
 // phase. Every rank counts the same ops of a class (collectives run in
-// one order everywhere), so their tries fall on the same op, and a try
-// times both ranks' copies done that way.
-// A try costs the difference between the ways (up to 3x, in the phases
-// above) once in streamExplore ops of the class.
+// one order everywhere), so their tries fall on the same ops, and a try
+// times every rank's copies done that way. A try costs the difference
+// between the ways (up to 3x, in the phases above) twice in
+// streamExplore ops.
 const streamExplore = 32
 
 // streamChooser picks the copy mode of each large lane allreduce and
@@ -44,6 +44,7 @@ type streamChooser struct {
 // streamClass is what streamChooser knows of one size class.
 type streamClass struct {
 	ops  uint32                       // ops of the class picked so far
+	prev bool                         // the way of the class's last op
 	seen [2]uint32                    // samples of each way, cached [0] and streamed [1]
 	last [2][streamKeep]time.Duration // each way's last samples, by seen mod streamKeep
 }
@@ -67,31 +68,41 @@ func streamClassOf(n int) int {
 }
 
 // pick returns the class of an allreduce of n >= streamMin bytes and
-// whether its copies stream: first two ops each way, taking turns, then
-// the cheaper way, and the other one op in streamExplore.
+// whether its copies stream: two ops cached and two streamed, then the
+// cheaper way, and the other for two ops in streamExplore.
 func (c *streamChooser) pick(n int) (class int, stream bool) {
 	class = streamClassOf(n)
 	s := &c.cls[class]
 	i := s.ops
 	s.ops++
-	if s.seen[0] < 2 || s.seen[1] < 2 {
-		return class, s.seen[1] < s.seen[0]
+	switch {
+	case s.seen[0] == 0:
+		return class, false
+	case s.seen[1] == 0:
+		return class, true
 	}
 	better := s.cost(1) < s.cost(0)
-	if i%streamExplore == 0 {
+	if i%streamExplore < 2 {
 		return class, !better
 	}
 	return class, better
 }
 
 // observe records that an op of class took d with its copies streamed
-// or not.
+// or not. Only an op whose way was its class's last op's counts: the
+// first op after a change of way finds the lanes' lines where the other
+// way left them (in memory after streamed copies, in a core's cache
+// after cached ones) and pays for the change, and the first op of a
+// size faults its buffers in.
 func (c *streamChooser) observe(class int, stream bool, d time.Duration) {
 	s := &c.cls[class]
 	m := 0
 	if stream {
 		m = 1
 	}
-	s.last[m][s.seen[m]%streamKeep] = d
-	s.seen[m]++
+	if s.ops >= 2 && s.prev == stream {
+		s.last[m][s.seen[m]%streamKeep] = d
+		s.seen[m]++
+	}
+	s.prev = stream
 }

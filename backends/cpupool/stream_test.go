@@ -28,10 +28,10 @@ func streamed(modes []bool) int {
 	return n
 }
 
-// TestStreamChooser: the chooser tries each mode twice, then keeps to the
-// cheaper one but for one op in streamExplore, follows a change of phase
-// within a few tries, shrugs off one slow op, and keeps size classes
-// apart.
+// TestStreamChooser: the chooser tries each mode for two ops, then keeps
+// to the cheaper one but for two ops in streamExplore, follows a change
+// of phase within a few tries, shrugs off one slow op and the cost of a
+// change of way, and keeps size classes apart.
 func TestStreamChooser(t *testing.T) {
 	const n = 1 << 20
 	fast, slow := 70*time.Microsecond, 190*time.Microsecond
@@ -43,19 +43,38 @@ func TestStreamChooser(t *testing.T) {
 	}
 	var c streamChooser
 	modes := runStream(&c, n, 4+10*streamExplore, streamFaster)
-	if modes[0] || !modes[1] || modes[2] || !modes[3] {
-		t.Fatalf("first four ops: streamed %v; want two each way, taking turns, cached first", modes[:4])
+	if modes[0] || modes[1] || !modes[2] || !modes[3] {
+		t.Fatalf("first four ops: streamed %v; want two cached, then two streamed", modes[:4])
 	}
-	if got, want := len(modes)-4-streamed(modes[4:]), 10; got != want {
-		t.Fatalf("cached %d of %d ops after the first four, want %d (one in %d)", got, len(modes)-4, want, streamExplore)
+	if got, want := len(modes)-4-streamed(modes[4:]), 20; got != want {
+		t.Fatalf("cached %d of %d ops after the first four, want %d (two in %d)", got, len(modes)-4, want, streamExplore)
 	}
 
 	// The phase changes: cached copies become the faster way. Within a
 	// few tries (one op in streamExplore each) the chooser turns.
 	cachedFaster := func(i int, s bool) time.Duration { return streamFaster(i, !s) }
 	modes = runStream(&c, n, 12*streamExplore, cachedFaster)
-	if last := modes[len(modes)-4*streamExplore:]; streamed(last) > 4 {
-		t.Fatalf("after the change, %d of the last %d ops streamed, want at most 4 (the tries)", streamed(last), len(last))
+	if last := modes[len(modes)-4*streamExplore:]; streamed(last) > 8 {
+		t.Fatalf("after the change, %d of the last %d ops streamed, want at most 8 (the tries)", streamed(last), len(last))
+	}
+
+	// The first op after a change of way pays for the change (here three
+	// times the other way's cost): that does not make the tried way look
+	// dearer than it is, and the chooser still turns to it.
+	var f streamChooser
+	var prev bool
+	modes = runStream(&f, n, 20*streamExplore, func(i int, s bool) time.Duration {
+		defer func() { prev = s }()
+		if i > 0 && s != prev {
+			return 3 * slow
+		}
+		if i < 8*streamExplore {
+			return cachedFaster(i, s)
+		}
+		return streamFaster(i, s)
+	})
+	if last := modes[len(modes)-4*streamExplore:]; streamed(last) < len(last)-8 {
+		t.Fatalf("with a change of way costing 3x, %d of the last %d ops streamed, want all but the tries", streamed(last), len(last))
 	}
 
 	// One op a hundred times slower does not turn a clear preference,
@@ -73,7 +92,7 @@ func TestStreamChooser(t *testing.T) {
 		}
 		return streamFaster(i, s)
 	})
-	if streamed(modes) < 2*streamExplore-2 {
+	if streamed(modes) < 2*streamExplore-4 {
 		t.Fatalf("one slow op: %d of %d ops streamed, want all but the tries", streamed(modes), len(modes))
 	}
 
@@ -90,15 +109,12 @@ func TestStreamChooser(t *testing.T) {
 			e.observe(k, s, d)
 		}
 	}
-	if _, s := e.pick(streamMin + 1); s {
-		if _, s2 := e.pick(streamMin + 1); s2 {
-			t.Fatal("small buffers stream, though cached copies were cheaper for them")
-		}
+	small, large := &e.cls[streamClassOf(streamMin)], &e.cls[streamClassOf(64<<20)]
+	if small.cost(0) >= small.cost(1) {
+		t.Fatalf("small buffers: cached %v, streamed %v; cached copies were the cheaper", small.cost(0), small.cost(1))
 	}
-	if _, s := e.pick(64<<20 + 1); !s {
-		if _, s2 := e.pick(64<<20 + 1); !s2 {
-			t.Fatal("large buffers are cached, though streamed copies were cheaper for them")
-		}
+	if large.cost(1) >= large.cost(0) {
+		t.Fatalf("large buffers: cached %v, streamed %v; streamed copies were the cheaper", large.cost(0), large.cost(1))
 	}
 	if a, b := streamClassOf(streamMin), streamClassOf(64<<20); a == b {
 		t.Fatalf("32 KiB and 64 MiB share class %d", a)
