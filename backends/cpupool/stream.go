@@ -67,9 +67,17 @@ func streamClassOf(n int) int {
 	return min(bits.Len(uint(n))-bits.Len(streamMin), streamClasses-1)
 }
 
+// streamMargin: streamed copies are preferred only when they are cheaper
+// by more than 1/streamMargin. Why: where the ways cost about the same
+// (nvidia-h200's host at 64 KiB, 4 ranks: 20 and 21 µs), ranks that
+// prefer different ways by noise change way often, and a change costs
+// an op; cached copies are the usual way, and the tie is theirs.
+const streamMargin = 8
+
 // pick returns the class of an allreduce of n >= streamMin bytes and
 // whether its copies stream: two ops cached and two streamed, then the
-// cheaper way, and the other for two ops in streamExplore.
+// cheaper way (streamed by more than streamMargin), and the other for two
+// ops in streamExplore.
 func (c *streamChooser) pick(n int) (class int, stream bool) {
 	class = streamClassOf(n)
 	s := &c.cls[class]
@@ -81,7 +89,8 @@ func (c *streamChooser) pick(n int) (class int, stream bool) {
 	case s.seen[1] == 0:
 		return class, true
 	}
-	better := s.cost(1) < s.cost(0)
+	c0 := s.cost(0)
+	better := s.cost(1) < c0-c0/streamMargin
 	if i%streamExplore < 2 {
 		return class, !better
 	}

@@ -109,6 +109,18 @@ func TestStreamChooser(t *testing.T) {
 			e.observe(k, s, d)
 		}
 	}
+	// Ways within the margin: cached copies keep the tie.
+	var g streamChooser
+	modes = runStream(&g, n, 8*streamExplore, func(i int, s bool) time.Duration {
+		if s {
+			return fast - fast/20 // 5 % cheaper streamed
+		}
+		return fast
+	})
+	if got := streamed(modes[4:]); got != 7*2 && got != 8*2 {
+		t.Fatalf("streamed copies 5 %% cheaper: %d of %d ops streamed, want only the tries", got, len(modes)-4)
+	}
+
 	small, large := &e.cls[streamClassOf(streamMin)], &e.cls[streamClassOf(64<<20)]
 	if small.cost(0) >= small.cost(1) {
 		t.Fatalf("small buffers: cached %v, streamed %v; cached copies were the cheaper", small.cost(0), small.cost(1))
