@@ -71,6 +71,19 @@ const (
 	EnvThreads = "GOCOLL_CPUPOOL_THREADS"
 	// EnvTransport sets Options.Transport ("auto", "tcp" or "shm").
 	EnvTransport = "GOCOLL_CPUPOOL_TRANSPORT"
+	// EnvLaneCopies sets Options.LaneCopies ("auto", "cached" or "streamed").
+	EnvLaneCopies = "GOCOLL_CPUPOOL_LANE_COPIES"
+)
+
+// The values of Options.LaneCopies.
+const (
+	// CopiesAuto picks cached or streamed copies per size from the times
+	// of the ops before (the default).
+	CopiesAuto = "auto"
+	// CopiesCached copies into the lanes through the cache.
+	CopiesCached = "cached"
+	// CopiesStreamed copies large lane messages past the cache.
+	CopiesStreamed = "streamed"
 )
 
 // Options are cpupool's backend options (backend.Config.Options, as
@@ -132,6 +145,16 @@ type Options struct {
 	// ShmRingBytes is the capacity of each direction of a shared-memory
 	// pair (a power of two; default 4 MiB).
 	ShmRingBytes int
+	// LaneCopies is how a lane allreduce of 32 KiB or more copies its
+	// messages into shared memory (GOCOLL_CPUPOOL_LANE_COPIES): "cached"
+	// (plain stores; the peer reads the lines from this core's cache),
+	// "streamed" (non-temporal stores past the cache; the peer reads
+	// memory), or "auto" (default), which tries both on the first ops of
+	// each size, takes the faster, and tries the other again on 2 ops in
+	// 32. Which is faster depends on whether the ranks' cores share a
+	// cache, which a virtual machine cannot see. It changes speed only,
+	// never results.
+	LaneCopies string
 	// PollSpin is how long a receive from a shared-memory peer, and a Wait
 	// on a work, poll before they park (negative: never). Polling trades a
 	// little CPU for the goroutine wake-ups that dominate small-message
@@ -251,6 +274,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 	b.board = mesh.Board()
 	b.comm = &coll.Comm{T: mesh, Pool: &b.pool, Segment: opts.SegmentBytes, Window: opts.Window, Small: opts.SmallBytes}
 	b.lanes = b.laneBytes()
+	b.mesh.StreamLanes(b.opts.LaneCopies == CopiesStreamed)
 	for range opts.Threads {
 		b.wg.Add(1)
 		go b.worker()

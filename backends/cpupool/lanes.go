@@ -240,7 +240,8 @@ func (b *Backend) flatFor(n int) bool {
 // runAllreduceLanes is the run of a lane allreduce of bufs with k.
 func (b *Backend) runAllreduceLanes(ctx context.Context, lo *laneOp, bufs [][]byte, k reduce.Kernel) error {
 	buf := combineLocal(k, bufs, 0)
-	if len(buf) < streamMin {
+	if len(buf) < streamMin || b.opts.LaneCopies != CopiesAuto {
+		// Small, or a fixed way (set on the mesh at set-up).
 		if err := b.laneAlgo(ctx, lo, buf, k); err != nil {
 			return err
 		}

@@ -393,6 +393,9 @@ func TestDirectAllreduce(t *testing.T) {
 		{3, &cpupool.Options{Transport: "shm"}},
 		{4, &cpupool.Options{Transport: "shm", LaneBytes: 256 << 10}},
 		{4, &cpupool.Options{Transport: "shm"}},
+		// The copy modes fixed rather than chosen per size.
+		{2, &cpupool.Options{Transport: "shm", LaneCopies: cpupool.CopiesStreamed}},
+		{3, &cpupool.Options{Transport: "shm", LaneCopies: cpupool.CopiesCached}},
 	} {
 		n := c.n
 		bs := group(t, n, c.opts)

@@ -38,6 +38,8 @@ var (
 		Parse: knob.ParseInt, Check: knob.Positive[int]}
 	knobTransport = knob.Knob[string]{Field: field("Transport"), Env: []string{EnvTransport}, Default: tcpmesh.TransportAuto,
 		Check: knob.OneOf(tcpmesh.TransportAuto, tcpmesh.TransportTCP, tcpmesh.TransportShm)}
+	knobLaneCopies = knob.Knob[string]{Field: field("LaneCopies"), Env: []string{EnvLaneCopies}, Default: CopiesAuto,
+		Check: knob.OneOf(CopiesAuto, CopiesCached, CopiesStreamed)}
 	knobSegment    = size("SegmentBytes", coll.DefaultSegment)
 	knobSmall      = size("SmallBytes", coll.DefaultSmall)
 	knobLane       = size("LaneBytes", 0) // 0: laneBytes picks by world size
@@ -80,6 +82,9 @@ func resolveOptions(o Options, groupTimeout time.Duration, env knob.Env) (Option
 	}
 	if err == nil {
 		o.Transport, err = knobTransport.Resolve(env, o.Transport)
+	}
+	if err == nil {
+		o.LaneCopies, err = knobLaneCopies.Resolve(env, o.LaneCopies)
 	}
 	if err == nil {
 		def := groupTimeout

@@ -21,7 +21,7 @@ import (
 func defaults(change func(o *Options)) Options {
 	o := Options{Threads: DefaultThreads, ConnectTimeout: time.Minute, SegmentBytes: coll.DefaultSegment,
 		SmallBytes: coll.DefaultSmall, Window: coll.DefaultWindow, MaxMessageBytes: 4 << 30,
-		Transport: "auto", ShmRingBytes: shm.DefaultRingBytes}
+		Transport: "auto", ShmRingBytes: shm.DefaultRingBytes, LaneCopies: "auto"}
 	if change != nil {
 		change(&o)
 	}
@@ -43,6 +43,8 @@ func TestResolveOptions(t *testing.T) {
 		{"threads from env", Options{}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_THREADS": "8"}, defaults(func(o *Options) { o.Threads = 8 }), iface{}},
 		{"threads field wins", Options{Threads: 3}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_THREADS": "8"}, defaults(func(o *Options) { o.Threads = 3 }), iface{}},
 		{"transport from env", Options{}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_TRANSPORT": "tcp"}, defaults(func(o *Options) { o.Transport = "tcp" }), iface{}},
+		{"lane copies from env", Options{}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_LANE_COPIES": "streamed"}, defaults(func(o *Options) { o.LaneCopies = "streamed" }), iface{}},
+		{"lane copies field wins", Options{LaneCopies: "cached"}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_LANE_COPIES": "streamed"}, defaults(func(o *Options) { o.LaneCopies = "cached" }), iface{}},
 		{"transport field wins", Options{Transport: "shm"}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_TRANSPORT": "tcp"}, defaults(func(o *Options) { o.Transport = "shm" }), iface{}},
 		{"sizes", Options{SegmentBytes: 4096, SmallBytes: 64, Window: 2, SocketBufferBytes: 1 << 16, MaxMessageBytes: 1 << 20, ShmRingBytes: 1 << 14}, time.Minute, nil,
 			defaults(func(o *Options) {
@@ -75,6 +77,7 @@ func TestResolveOptionsRejects(t *testing.T) {
 	}{
 		{"transport env", Options{}, map[string]string{"GOCOLL_CPUPOOL_TRANSPORT": "bogus"}, `GOCOLL_CPUPOOL_TRANSPORT="bogus": want auto, tcp or shm`},
 		{"transport field", Options{Transport: "carrier-pigeon"}, nil, `cpupool.Options.Transport="carrier-pigeon": want auto, tcp or shm`},
+		{"lane copies env", Options{}, map[string]string{"GOCOLL_CPUPOOL_LANE_COPIES": "fast"}, `GOCOLL_CPUPOOL_LANE_COPIES="fast": want auto, cached or streamed`},
 		{"threads env", Options{}, map[string]string{"GOCOLL_CPUPOOL_THREADS": "0"}, `GOCOLL_CPUPOOL_THREADS="0": want a positive value`},
 		{"threads env word", Options{}, map[string]string{"GOCOLL_CPUPOOL_THREADS": "two"}, `GOCOLL_CPUPOOL_THREADS="two": want an integer`},
 		{"threads field", Options{Threads: -1}, nil, `cpupool.Options.Threads=-1`},
@@ -122,7 +125,7 @@ func TestBadTransportFailsInit(t *testing.T) {
 // TestZeroOptionsInEffect: Options{} passed explicitly, and nil, run with
 // the defaults, which Backend.Options reports.
 func TestZeroOptionsInEffect(t *testing.T) {
-	for _, n := range []string{EnvThreads, EnvTransport, EnvSocketIfname, "GLOO_SOCKET_IFNAME"} {
+	for _, n := range []string{EnvThreads, EnvTransport, EnvLaneCopies, EnvSocketIfname, "GLOO_SOCKET_IFNAME"} {
 		t.Setenv(n, "")
 	}
 	for _, o := range []any{nil, Options{}, &Options{}, (*Options)(nil)} {

@@ -480,6 +480,7 @@ func benchRank(args []string) error {
 	fs.IntVar(&f.opts.LaneBytes, "lane", 0, "cpupool LaneBytes (0: default)")
 	fs.IntVar(&f.opts.RawLaneBytes, "rawlanes", 0, "cpupool RawLaneBytes (0: default, off)")
 	fs.IntVar(&f.opts.Window, "window", 0, "cpupool Window (0: default)")
+	fs.StringVar(&f.opts.LaneCopies, "lanecopies", "", "cpupool LaneCopies: auto, cached or streamed (empty: default)")
 	fs.IntVar(&f.opts.SocketBufferBytes, "sockbuf", 0, "cpupool SocketBufferBytes (0: kernel autotuning)")
 	if err := fs.Parse(args); err != nil {
 		return err
