@@ -153,8 +153,8 @@ func TestREADMEListsVariables(t *testing.T) {
 	if _, _, err := resolveOptions(Options{}, 0, func(n string) (string, bool) { read = append(read, n); return "", false }); err != nil {
 		t.Fatal(err)
 	}
-	if len(read) != 4 {
-		t.Fatalf("%d variables read, want 4: %v", len(read), read)
+	if len(read) != 5 {
+		t.Fatalf("%d variables read, want 5: %v", len(read), read)
 	}
 	for _, n := range read {
 		if !strings.Contains(string(readme), "`"+n+"`") {
