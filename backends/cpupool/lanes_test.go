@@ -355,6 +355,12 @@ func TestLaneChunkedPeerDeath(t *testing.T) {
 	expectPeerDeathRemote(t, &cpupool.Options{Transport: "shm", LaneBytes: 8 << 20}, 1<<20)
 }
 
+// TestLaneStreamedPeerDeath: the same with the lane copies streamed past
+// the cache (non-temporal stores into the ring).
+func TestLaneStreamedPeerDeath(t *testing.T) {
+	expectPeerDeathRemote(t, &cpupool.Options{Transport: "shm", LaneCopies: cpupool.CopiesStreamed}, 4<<20)
+}
+
 // TestLaneRSAGPeerDeath: a rank that dies while its peers wait in a lane
 // reduce-scatter and allgather is named by them with ErrRemote, promptly.
 func TestLaneRSAGPeerDeath(t *testing.T) {

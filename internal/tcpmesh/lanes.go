@@ -112,7 +112,8 @@ func (m *Mesh) ReleaseLanes() { m.laneHold.RUnlock() }
 
 // StreamLanes sets whether this rank's large lane messages stream past its
 // cache into the lanes (shm.Ring.Stream) until the next call. The caller
-// holds the lanes (HoldLanes) and runs the only lane op of this rank.
+// holds the lanes (HoldLanes) and runs the only lane op of this rank, or
+// sets the mesh up before its first op.
 func (m *Mesh) StreamLanes(on bool) {
 	for _, p := range m.peers {
 		if p != nil && p.lane != nil {
