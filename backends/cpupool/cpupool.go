@@ -576,7 +576,8 @@ func (b *Backend) trackLocked(w backend.Work) {
 }
 
 // trackEarlier is track for a barrier: it also returns the works issued
-// before w that have not completed. Until the barrier calls unhold, no
+// before w that have not completed. A nil w (a lane barrier, whose lane
+// op tracks itself) is not tracked. Until the barrier calls unhold, no
 // Work is reused (sweepLocked): one of those could otherwise become a
 // later op's while the barrier waits for it.
 func (b *Backend) trackEarlier(w backend.Work) []backend.Work {
@@ -585,7 +586,9 @@ func (b *Backend) trackEarlier(w backend.Work) []backend.Work {
 	b.sweepLocked()
 	b.holds++
 	earlier := append([]backend.Work(nil), b.outstanding...)
-	b.outstanding = append(b.outstanding, w)
+	if w != nil {
+		b.outstanding = append(b.outstanding, w)
+	}
 	return earlier
 }
 

@@ -645,11 +645,7 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 	j.tag = b.issued.Add(1)
 	earlier := b.trackEarlier(j.w)
 	j.run = func(ctx context.Context, tag uint64) error {
-		resume := tcpmesh.Blocking(ctx) // the earlier works may need this rank's ring readers
-		err := waitEarlier(ctx, earlier)
-		resume()
-		b.unhold()
-		if err != nil {
+		if err := b.awaitEarlier(ctx, earlier); err != nil {
 			return err
 		}
 		return coll.Barrier(ctx, b.comm, tag)
@@ -673,17 +669,9 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 // at most barriers, where a one-byte lane allreduce took tens of
 // microseconds (docs/perf.md, issue 17, fourteenth pass).
 func (b *Backend) barrierLanes(ctx context.Context, m backend.Meta) (backend.Work, error) {
-	b.mu.Lock()
-	b.sweepLocked()
-	b.holds++
-	earlier := slices.Clone(b.outstanding)
-	b.mu.Unlock()
+	earlier := b.trackEarlier(nil)
 	w, err := b.collectiveLane(ctx, backend.OpBarrier, m, fingerprint(backend.OpBarrier, 0, nil, 0), nil, func(ctx context.Context, lo *laneOp) error {
-		resume := tcpmesh.Blocking(ctx) // the earlier works may need this rank's ring readers
-		err := waitEarlier(ctx, earlier)
-		resume()
-		b.unhold()
-		if err != nil {
+		if err := b.awaitEarlier(ctx, earlier); err != nil {
 			return err
 		}
 		k, err := reduce.For(tensor.Uint8, backend.MAX)
@@ -697,6 +685,17 @@ func (b *Backend) barrierLanes(ctx context.Context, m backend.Meta) (backend.Wor
 		b.unhold() // the run never runs
 	}
 	return w, err
+}
+
+// awaitEarlier is a barrier's run up to its exchange: it waits for the
+// earlier works (trackEarlier's list), then ends the barrier's hold on
+// them.
+func (b *Backend) awaitEarlier(ctx context.Context, earlier []backend.Work) error {
+	resume := tcpmesh.Blocking(ctx) // the earlier works may need this rank's ring readers
+	err := waitEarlier(ctx, earlier)
+	resume()
+	b.unhold()
+	return err
 }
 
 // waitEarlier waits for a barrier's earlier works; it fails only when
