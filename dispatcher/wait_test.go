@@ -69,6 +69,11 @@ func TestWaitFormReleases(t *testing.T) {
 		if !rec {
 			cfg.FlightRecorder.Entries = -1
 		}
+		// No poll during the test: while a refresh queries the works, a
+		// blocking form keeps its Work rather than wait for it
+		// (FlightRecorder.retire), and the default poll's tick at 200 ms
+		// met BroadcastWait's completion at 200 ms in a CI run.
+		cfg.FlightRecorder.Poll = time.Hour
 		pg := initGroups(t, 1, cfg)[0]
 		x := tensor.New(tensor.Float32, 2)
 		want := int32(0)
