@@ -149,11 +149,13 @@ type Options struct {
 	// messages into shared memory (GOCOLL_CPUPOOL_LANE_COPIES): "cached"
 	// (plain stores; the peer reads the lines from this core's cache),
 	// "streamed" (non-temporal stores past the cache; the peer reads
-	// memory), or "auto" (default), which tries both on the first ops of
-	// each size, takes the faster, and tries the other again on 2 ops in
-	// 32. Which is faster depends on whether the ranks' cores share a
-	// cache, which a virtual machine cannot see. It changes speed only,
-	// never results.
+	// memory), or "auto" (default), which times both on the first ops of
+	// each size, takes streamed copies only when they cost more than an
+	// eighth less than cached ones (else cached), and tries the other way
+	// again on 2 ops in 32. Which is faster depends on whether the ranks'
+	// cores share a cache, which a virtual machine cannot see; the margin
+	// keeps ranks that nearly tie from switching ways on noise. It changes
+	// speed only, never results.
 	LaneCopies string
 	// PollSpin is how long a receive from a shared-memory peer, and a Wait
 	// on a work, poll before they park (negative: never). Polling trades a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"time"
@@ -80,6 +81,20 @@ func same(a, b snapshot) bool {
 	return true
 }
 
+// steadyPool keeps a sync.Pool from losing track of an item for the rest
+// of t: a garbage collection empties the pools, and an item Put on one P
+// sits in that P's private slot, which a Get on another P never looks at.
+// A test that asks whether a record came back needs both held still; in
+// CI's loaded runs either made "never found" a flake.
+func steadyPool(t *testing.T) {
+	procs := runtime.GOMAXPROCS(1)
+	gc := debug.SetGCPercent(-1)
+	t.Cleanup(func() {
+		debug.SetGCPercent(gc)
+		runtime.GOMAXPROCS(procs)
+	})
+}
+
 // TestRecycledRecords: an op's record goes back to the pool once the op
 // has left UCC, the next ops take it over, and what the caller reads from
 // an old handle (SeqNum, Exception, Duration, the Future's tensors and
@@ -89,6 +104,7 @@ func same(a, b snapshot) bool {
 func TestRecycledRecords(t *testing.T) {
 	for _, mode := range []string{FingerprintsAuto, FingerprintsOff} {
 		t.Run(mode, func(t *testing.T) {
+			steadyPool(t)
 			b := oneRank(t, mode)
 			// The record op 1 takes from the pool (without the race
 			// detector, which drops pool items at random).
@@ -227,6 +243,7 @@ func TestAllreduceAllocs(t *testing.T) {
 	}
 	for _, mode := range []string{FingerprintsAuto, FingerprintsOff} {
 		t.Run(mode, func(t *testing.T) {
+			steadyPool(t) // the byte count below runs outside AllocsPerRun's one P
 			b := oneRank(t, mode)
 			// The group's timeout, as the dispatcher passes it: an op with
 			// one of its own carries it in an extra (handle.setTimeout).
