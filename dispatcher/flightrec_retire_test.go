@@ -160,3 +160,51 @@ func TestRecorderRetireScanWraps(t *testing.T) {
 		}
 	}
 }
+
+// queriedWork is a host work whose IsCompleted, as a refresh calls it
+// outside the recorder's lock, reports the call on queried and then
+// blocks until release is closed.
+type queriedWork struct {
+	*backend.HostWork
+	queried, release chan struct{}
+}
+
+func (w *queriedWork) IsCompleted() bool {
+	w.queried <- struct{}{}
+	<-w.release
+	return w.HostWork.IsCompleted()
+}
+
+// TestRetireLeavesWorksARefreshQueries: while a refresh queries the works
+// outside the recorder's lock, a blocking op's retire declines (the
+// dispatcher then keeps its Work rather than hand it back for reuse under
+// the query); once the refresh is done, the entry is retired.
+func TestRetireLeavesWorksARefreshQueries(t *testing.T) {
+	fr, err := newFlightRecorder(FlightRecorderOptions{Entries: 4, DumpPrefix: t.TempDir() + "/r", Poll: time.Hour}, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.close()
+	w := &queriedWork{HostWork: backend.NewHostWork(1, true, nil), queried: make(chan struct{}), release: make(chan struct{})}
+	s := fr.record(context.Background(), OpInfo{Group: "0", Op: backend.OpAllreduce, Backend: "host", Seq: 1, Peer: -1, Issued: time.Now()}, w, nil)
+	done := make(chan error)
+	go func() { done <- fr.refresh() }()
+	<-w.queried // the refresh holds the work, outside fr.mu
+	w.MarkStarted()
+	w.Complete(nil, nil)
+	if fr.retire(s) {
+		t.Fatal("retire let go of a work while a refresh was querying it")
+	}
+	close(w.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !fr.retire(s) {
+		t.Fatal("retire kept the work after the refresh had retired its entry")
+	}
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	if fe := &fr.ring[s.at]; fe.ho != nil || fe.work != nil || fe.m.state() != frCompleted || fr.pending != 0 {
+		t.Fatalf("entry after the refresh: state %v, ho %v, work %v, %d pending; want completed, no work held, 0 pending", fe.m.state(), fe.ho, fe.work, fr.pending)
+	}
+}

@@ -101,7 +101,6 @@ func genStage(s *Spec) ([]byte, error) {
 			}
 			direct = append(direct, Id("opts"))
 			body = append(body, If(Id("b").Dot("hostNow").Call(cond)).Block(
-				Defer().Id("b").Dot("issueMu").Dot("Unlock").Call(),
 				Return(Id("b").Dot("inner").Dot(op.GoName).Call(direct...)),
 			))
 		}

@@ -98,24 +98,15 @@ func (b *Backend) Barrier(ctx context.Context, m backend.Meta, opts backend.Barr
 }
 
 // hostNow reports whether an op whose tensors are all on the host (ok)
-// may go to the host backend at once, as do's direct path does, and then
-// holds b.issueMu, which the caller releases after the host backend's
-// call. Why beside do: do's collection of the tensors, its closure and
-// the host list's copy are four allocations and most of a microsecond's
-// fifth per op (ucc's 8 B allreduce on a CUDA host, where every ucc and
-// cpupool group is wrapped), for the host ops that stage nothing.
-func (b *Backend) hostNow(ok bool) bool {
-	if !ok {
-		return false
-	}
-	b.mu.Lock()
-	ok = b.stopped == nil && len(b.queue) == 0 && !b.running
-	b.mu.Unlock()
-	if ok {
-		b.issueMu.Lock()
-	}
-	return ok
-}
+// may go to the host backend at once, as do's direct path does. Why beside
+// do: do's collection of the tensors, its closure and the host list's copy
+// are four allocations and most of a microsecond's fifth per op (ucc's 8 B
+// allreduce on a CUDA host, where every ucc and cpupool group is wrapped),
+// for the host ops that stage nothing. Why no lock: b.mu and the lock that
+// was held around the call were 4 % of that op's samples on nvidia-h200
+// (docs/perf.md, ucc's nineteenth round); direct says why the call needs
+// none.
+func (b *Backend) hostNow(ok bool) bool { return ok && b.idle.Load() }
 
 // hostTensor reports whether t is not a device tensor (nil counts as
 // host: the host backend reports it).

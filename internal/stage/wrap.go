@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
@@ -18,9 +19,10 @@ type Backend struct {
 	inner   backend.Backend
 	engines Engines
 
-	// issueMu is held around every call into the inner backend's ops, so
-	// that the issuer's calls and the direct ones never overtake each other.
-	issueMu sync.Mutex
+	// idle is stopped == nil && len(queue) == 0 && !running, stored under
+	// mu whenever one of them changes (setIdleLocked), for hostNow's look
+	// without the lock.
+	idle atomic.Bool
 
 	mu       sync.Mutex
 	cond     sync.Cond
@@ -40,6 +42,7 @@ var _ backend.Backend = (*Backend)(nil)
 func Wrap(inner backend.Backend, engines Engines) *Backend {
 	b := &Backend{inner: inner, engines: engines, used: map[int]Engine{}}
 	b.cond.L = &b.mu
+	b.idle.Store(true)
 	b.stopCtx, b.stopFunc = context.WithCancel(context.Background())
 	return b
 }
@@ -109,6 +112,7 @@ func (b *Backend) Close(ctx context.Context) error {
 	b.mu.Lock()
 	if b.stopped == nil {
 		b.stopped = backend.ErrClosed
+		b.setIdleLocked()
 	}
 	stop := context.AfterFunc(ctx, func() {
 		b.mu.Lock()
@@ -162,6 +166,7 @@ func (b *Backend) Abort(ctx context.Context, reason error) error {
 	b.mu.Lock()
 	if b.stopped == nil || errors.Is(b.stopped, backend.ErrClosed) {
 		b.stopped = &backend.OpError{Op: "abort", Rank: b.inner.Rank(), Backend: b.inner.Name(), Kind: backend.ErrAborted, Err: reason}
+		b.setIdleLocked()
 	}
 	works := b.liveLocked()
 	b.mu.Unlock()
@@ -261,14 +266,28 @@ func (b *Backend) do(ctx context.Context, m backend.Meta, ts []*tensor.Tensor, b
 		b.running = true
 		go b.issuer()
 	}
+	b.setIdleLocked()
 	b.mu.Unlock()
 	return w, nil
 }
 
+// setIdleLocked stores idle after stopped, queue or running changed; b.mu
+// is held.
+func (b *Backend) setIdleLocked() {
+	b.idle.Store(b.stopped == nil && len(b.queue) == 0 && !b.running)
+}
+
 // direct issues an op to the inner backend on the caller's goroutine.
+//
+// Why no lock around the call (nor around the issuer's): the inner
+// backend is safe for concurrent calls, as it is unwrapped on a host
+// without CUDA. What the wrapper keeps is the order of one goroutine's
+// ops: a host op goes direct only while nothing is queued or being issued
+// (idle), so it never overtakes a staged op issued before it. Ops issued
+// at once from two goroutines have no order to keep, wrapped or not (a
+// lock around the call did not give them one either: the issuer could
+// take it between a caller's look at the queue and its call).
 func (b *Backend) direct(ctx context.Context, m backend.Meta, c call) (backend.Work, error) {
-	b.issueMu.Lock()
-	defer b.issueMu.Unlock()
 	return c(ctx, m, func(t *tensor.Tensor) *tensor.Tensor { return t })
 }
 
@@ -279,6 +298,7 @@ func (b *Backend) issuer() {
 		b.mu.Lock()
 		if len(b.queue) == 0 {
 			b.running = false
+			b.setIdleLocked()
 			b.cond.Broadcast()
 			b.mu.Unlock()
 			return
@@ -322,9 +342,7 @@ func (b *Backend) issue(e *entry) {
 		}
 		return t
 	}
-	b.issueMu.Lock()
 	iw, err := e.call(e.ctx, m, sub)
-	b.issueMu.Unlock()
 	w.setInner(iw, err)
 	if w.st != nil {
 		go w.finish(copyErr)

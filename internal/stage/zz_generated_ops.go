@@ -11,7 +11,6 @@ import (
 // Broadcast implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.BroadcastOptions) (backend.Work, error) {
 	if b.hostNow(hostTensors(tensors)) {
-		defer b.issueMu.Unlock()
 		return b.inner.Broadcast(ctx, m, tensors, opts)
 	}
 	a := new(args).out(tensors...)
@@ -23,7 +22,6 @@ func (b *Backend) Broadcast(ctx context.Context, m backend.Meta, tensors []*tens
 // Allreduce implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceOptions) (backend.Work, error) {
 	if b.hostNow(hostTensors(tensors)) {
-		defer b.issueMu.Unlock()
 		return b.inner.Allreduce(ctx, m, tensors, opts)
 	}
 	a := new(args).out(tensors...)
@@ -35,7 +33,6 @@ func (b *Backend) Allreduce(ctx context.Context, m backend.Meta, tensors []*tens
 // AllreduceCoalesced implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.AllreduceCoalescedOptions) (backend.Work, error) {
 	if b.hostNow(hostTensors(tensors)) {
-		defer b.issueMu.Unlock()
 		return b.inner.AllreduceCoalesced(ctx, m, tensors, opts)
 	}
 	a := new(args).out(tensors...)
@@ -47,7 +44,6 @@ func (b *Backend) AllreduceCoalesced(ctx context.Context, m backend.Meta, tensor
 // Reduce implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, opts backend.ReduceOptions) (backend.Work, error) {
 	if b.hostNow(hostTensors(tensors)) {
-		defer b.issueMu.Unlock()
 		return b.inner.Reduce(ctx, m, tensors, opts)
 	}
 	a := new(args).out(tensors...)
@@ -59,7 +55,6 @@ func (b *Backend) Reduce(ctx context.Context, m backend.Meta, tensors []*tensor.
 // Allgather implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherOptions) (backend.Work, error) {
 	if b.hostNow(hostLists(outputs) && hostTensors(inputs)) {
-		defer b.issueMu.Unlock()
 		return b.inner.Allgather(ctx, m, outputs, inputs, opts)
 	}
 	a := new(args).in(inputs...).outLists(outputs)
@@ -71,7 +66,6 @@ func (b *Backend) Allgather(ctx context.Context, m backend.Meta, outputs [][]*te
 // AllgatherIntoTensor implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AllgatherIntoTensorOptions) (backend.Work, error) {
 	if b.hostNow(hostTensor(output) && hostTensor(input)) {
-		defer b.issueMu.Unlock()
 		return b.inner.AllgatherIntoTensor(ctx, m, output, input, opts)
 	}
 	a := new(args).in(input).out(output)
@@ -83,7 +77,6 @@ func (b *Backend) AllgatherIntoTensor(ctx context.Context, m backend.Meta, outpu
 // AllgatherCoalesced implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherCoalescedOptions) (backend.Work, error) {
 	if b.hostNow(hostLists(outputs) && hostTensors(inputs)) {
-		defer b.issueMu.Unlock()
 		return b.inner.AllgatherCoalesced(ctx, m, outputs, inputs, opts)
 	}
 	a := new(args).in(inputs...).outLists(outputs)
@@ -95,7 +88,6 @@ func (b *Backend) AllgatherCoalesced(ctx context.Context, m backend.Meta, output
 // AllgatherIntoTensorCoalesced implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AllgatherIntoTensorCoalescedOptions) (backend.Work, error) {
 	if b.hostNow(hostTensors(outputs) && hostTensors(inputs)) {
-		defer b.issueMu.Unlock()
 		return b.inner.AllgatherIntoTensorCoalesced(ctx, m, outputs, inputs, opts)
 	}
 	a := new(args).in(inputs...).out(outputs...)
@@ -107,7 +99,6 @@ func (b *Backend) AllgatherIntoTensorCoalesced(ctx context.Context, m backend.Me
 // ReduceScatter implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ReduceScatterOptions) (backend.Work, error) {
 	if b.hostNow(hostTensors(outputs) && hostLists(inputs)) {
-		defer b.issueMu.Unlock()
 		return b.inner.ReduceScatter(ctx, m, outputs, inputs, opts)
 	}
 	a := new(args).inLists(inputs).out(outputs...)
@@ -119,7 +110,6 @@ func (b *Backend) ReduceScatter(ctx context.Context, m backend.Meta, outputs []*
 // ReduceScatterTensor implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) ReduceScatterTensor(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.ReduceScatterTensorOptions) (backend.Work, error) {
 	if b.hostNow(hostTensor(output) && hostTensor(input)) {
-		defer b.issueMu.Unlock()
 		return b.inner.ReduceScatterTensor(ctx, m, output, input, opts)
 	}
 	a := new(args).in(input).out(output)
@@ -131,7 +121,6 @@ func (b *Backend) ReduceScatterTensor(ctx context.Context, m backend.Meta, outpu
 // ReduceScatterTensorCoalesced implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.ReduceScatterTensorCoalescedOptions) (backend.Work, error) {
 	if b.hostNow(hostTensors(outputs) && hostTensors(inputs)) {
-		defer b.issueMu.Unlock()
 		return b.inner.ReduceScatterTensorCoalesced(ctx, m, outputs, inputs, opts)
 	}
 	a := new(args).in(inputs...).out(outputs...)
@@ -143,7 +132,6 @@ func (b *Backend) ReduceScatterTensorCoalesced(ctx context.Context, m backend.Me
 // Alltoall implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs []*tensor.Tensor, opts backend.AlltoallOptions) (backend.Work, error) {
 	if b.hostNow(hostTensors(outputs) && hostTensors(inputs)) {
-		defer b.issueMu.Unlock()
 		return b.inner.Alltoall(ctx, m, outputs, inputs, opts)
 	}
 	a := new(args).in(inputs...).out(outputs...)
@@ -155,7 +143,6 @@ func (b *Backend) Alltoall(ctx context.Context, m backend.Meta, outputs []*tenso
 // AlltoallBase implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tensor.Tensor, input *tensor.Tensor, opts backend.AlltoallBaseOptions) (backend.Work, error) {
 	if b.hostNow(hostTensor(output) && hostTensor(input)) {
-		defer b.issueMu.Unlock()
 		return b.inner.AlltoallBase(ctx, m, output, input, opts)
 	}
 	a := new(args).in(input).out(output)
@@ -167,7 +154,6 @@ func (b *Backend) AlltoallBase(ctx context.Context, m backend.Meta, output *tens
 // Gather implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tensor.Tensor, inputs []*tensor.Tensor, opts backend.GatherOptions) (backend.Work, error) {
 	if b.hostNow(hostLists(outputs) && hostTensors(inputs)) {
-		defer b.issueMu.Unlock()
 		return b.inner.Gather(ctx, m, outputs, inputs, opts)
 	}
 	a := new(args).in(inputs...).outLists(outputs)
@@ -179,7 +165,6 @@ func (b *Backend) Gather(ctx context.Context, m backend.Meta, outputs [][]*tenso
 // Scatter implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor.Tensor, inputs [][]*tensor.Tensor, opts backend.ScatterOptions) (backend.Work, error) {
 	if b.hostNow(hostTensors(outputs) && hostLists(inputs)) {
-		defer b.issueMu.Unlock()
 		return b.inner.Scatter(ctx, m, outputs, inputs, opts)
 	}
 	a := new(args).inLists(inputs).out(outputs...)
@@ -191,7 +176,6 @@ func (b *Backend) Scatter(ctx context.Context, m backend.Meta, outputs []*tensor
 // Send implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, dst int, opts backend.SendOptions) (backend.Work, error) {
 	if b.hostNow(hostTensors(tensors)) {
-		defer b.issueMu.Unlock()
 		return b.inner.Send(ctx, m, tensors, dst, opts)
 	}
 	a := new(args).in(tensors...)
@@ -203,7 +187,6 @@ func (b *Backend) Send(ctx context.Context, m backend.Meta, tensors []*tensor.Te
 // Recv implements backend.Backend: the host backend's, on host copies of CUDA tensors.
 func (b *Backend) Recv(ctx context.Context, m backend.Meta, tensors []*tensor.Tensor, src int, opts backend.RecvOptions) (backend.Work, error) {
 	if b.hostNow(hostTensors(tensors)) {
-		defer b.issueMu.Unlock()
 		return b.inner.Recv(ctx, m, tensors, src, opts)
 	}
 	a := new(args).out(tensors...)
