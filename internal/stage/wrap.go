@@ -217,7 +217,7 @@ func (b *Backend) do(ctx context.Context, m backend.Meta, ts []*tensor.Tensor, b
 		}
 		return nil, &backend.OpError{Op: m.Op.String(), Seq: m.Seq, Rank: b.inner.Rank(), Backend: b.inner.Name(), Kind: kindOf(err), Err: err}
 	}
-	if dev < 0 && len(b.queue) == 0 && !b.running {
+	if dev < 0 && b.idle.Load() { // hostNow's look: nothing queued or being issued
 		b.mu.Unlock()
 		return b.direct(ctx, m, c)
 	}
