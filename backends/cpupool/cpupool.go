@@ -73,6 +73,17 @@ const (
 	EnvTransport = "GOCOLL_CPUPOOL_TRANSPORT"
 	// EnvLaneCopies sets Options.LaneCopies ("auto", "cached" or "streamed").
 	EnvLaneCopies = "GOCOLL_CPUPOOL_LANE_COPIES"
+	// EnvBind sets Options.Bind ("auto" or "none").
+	EnvBind = "GOCOLL_CPUPOOL_BIND"
+)
+
+// The values of Options.Bind.
+const (
+	// BindAuto keeps each rank of a host whose ranks outnumber its CPUs
+	// on a CPU of its own choosing, the ranks spread evenly (the default).
+	BindAuto = "auto"
+	// BindNone leaves the ranks' placement to the kernel.
+	BindNone = "none"
 )
 
 // The values of Options.LaneCopies.
@@ -157,6 +168,19 @@ type Options struct {
 	// keeps ranks that nearly tie from switching ways on noise. It changes
 	// speed only, never results.
 	LaneCopies string
+	// Bind is whether the ranks of a host that has fewer CPUs than ranks
+	// keep to a CPU each (GOCOLL_CPUPOOL_BIND): "auto" (default) binds
+	// each thread that posts the rank's small ops on the shared board to
+	// the rank's home CPU, the ranks spread evenly over the CPUs the
+	// process may use (rank r on the (r mod n)-th), and gives the threads
+	// their old affinity back when the group is closed; "none" leaves
+	// placement to the kernel. Why:
+	// such ranks poll with sched_yield, so the kernel sees every one as
+	// busy and cache hot and may keep three of four on one of two CPUs
+	// for whole runs, where an 8 B allreduce takes half as long again. A
+	// thread already bound to fewer CPUs (by the user, taskset or another
+	// group) is left as it is. It changes speed only, never results.
+	Bind string
 	// PollSpin is how long a receive from a shared-memory peer, and a Wait
 	// on a work, poll before they park (negative: never). Polling trades a
 	// little CPU for the goroutine wake-ups that dominate small-message
@@ -266,6 +290,7 @@ func New(ctx context.Context, cfg backend.Config) (backend.Backend, error) {
 		SocketBuffer: opts.SocketBufferBytes,
 		OnProbe:      b.probeValue,
 		Transport:    opts.Transport, ShmRingBytes: opts.ShmRingBytes, PollSpin: opts.PollSpin,
+		BindRanks: opts.Bind == BindAuto,
 	})
 	if err != nil {
 		return nil, &backend.OpError{Op: "init", Rank: cfg.Rank, Backend: Name, Kind: backend.ErrUnavailable, Err: err}

@@ -40,6 +40,8 @@ var (
 		Check: knob.OneOf(tcpmesh.TransportAuto, tcpmesh.TransportTCP, tcpmesh.TransportShm)}
 	knobLaneCopies = knob.Knob[string]{Field: field("LaneCopies"), Env: []string{EnvLaneCopies}, Default: CopiesAuto,
 		Check: knob.OneOf(CopiesAuto, CopiesCached, CopiesStreamed)}
+	knobBind = knob.Knob[string]{Field: field("Bind"), Env: []string{EnvBind}, Default: BindAuto,
+		Check: knob.OneOf(BindAuto, BindNone)}
 	knobSegment    = size("SegmentBytes", coll.DefaultSegment)
 	knobSmall      = size("SmallBytes", coll.DefaultSmall)
 	knobLane       = size("LaneBytes", 0) // 0: laneBytes picks by world size
@@ -85,6 +87,9 @@ func resolveOptions(o Options, groupTimeout time.Duration, env knob.Env) (Option
 	}
 	if err == nil {
 		o.LaneCopies, err = knobLaneCopies.Resolve(env, o.LaneCopies)
+	}
+	if err == nil {
+		o.Bind, err = knobBind.Resolve(env, o.Bind)
 	}
 	if err == nil {
 		def := groupTimeout

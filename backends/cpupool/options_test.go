@@ -21,7 +21,7 @@ import (
 func defaults(change func(o *Options)) Options {
 	o := Options{Threads: DefaultThreads, ConnectTimeout: time.Minute, SegmentBytes: coll.DefaultSegment,
 		SmallBytes: coll.DefaultSmall, Window: coll.DefaultWindow, MaxMessageBytes: 4 << 30,
-		Transport: "auto", ShmRingBytes: shm.DefaultRingBytes, LaneCopies: "auto"}
+		Transport: "auto", ShmRingBytes: shm.DefaultRingBytes, LaneCopies: "auto", Bind: "auto"}
 	if change != nil {
 		change(&o)
 	}
@@ -45,6 +45,8 @@ func TestResolveOptions(t *testing.T) {
 		{"transport from env", Options{}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_TRANSPORT": "tcp"}, defaults(func(o *Options) { o.Transport = "tcp" }), iface{}},
 		{"lane copies from env", Options{}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_LANE_COPIES": "streamed"}, defaults(func(o *Options) { o.LaneCopies = "streamed" }), iface{}},
 		{"lane copies field wins", Options{LaneCopies: "cached"}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_LANE_COPIES": "streamed"}, defaults(func(o *Options) { o.LaneCopies = "cached" }), iface{}},
+		{"bind from env", Options{}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_BIND": "none"}, defaults(func(o *Options) { o.Bind = "none" }), iface{}},
+		{"bind field wins", Options{Bind: "auto"}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_BIND": "none"}, defaults(nil), iface{}},
 		{"transport field wins", Options{Transport: "shm"}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_TRANSPORT": "tcp"}, defaults(func(o *Options) { o.Transport = "shm" }), iface{}},
 		{"sizes", Options{SegmentBytes: 4096, SmallBytes: 64, Window: 2, SocketBufferBytes: 1 << 16, MaxMessageBytes: 1 << 20, ShmRingBytes: 1 << 14}, time.Minute, nil,
 			defaults(func(o *Options) {
@@ -78,6 +80,8 @@ func TestResolveOptionsRejects(t *testing.T) {
 		{"transport env", Options{}, map[string]string{"GOCOLL_CPUPOOL_TRANSPORT": "bogus"}, `GOCOLL_CPUPOOL_TRANSPORT="bogus": want auto, tcp or shm`},
 		{"transport field", Options{Transport: "carrier-pigeon"}, nil, `cpupool.Options.Transport="carrier-pigeon": want auto, tcp or shm`},
 		{"lane copies env", Options{}, map[string]string{"GOCOLL_CPUPOOL_LANE_COPIES": "fast"}, `GOCOLL_CPUPOOL_LANE_COPIES="fast": want auto, cached or streamed`},
+		{"bind env", Options{}, map[string]string{"GOCOLL_CPUPOOL_BIND": "core"}, `GOCOLL_CPUPOOL_BIND="core": want auto or none`},
+		{"bind field", Options{Bind: "all"}, nil, `cpupool.Options.Bind="all": want auto or none`},
 		{"threads env", Options{}, map[string]string{"GOCOLL_CPUPOOL_THREADS": "0"}, `GOCOLL_CPUPOOL_THREADS="0": want a positive value`},
 		{"threads env word", Options{}, map[string]string{"GOCOLL_CPUPOOL_THREADS": "two"}, `GOCOLL_CPUPOOL_THREADS="two": want an integer`},
 		{"threads field", Options{Threads: -1}, nil, `cpupool.Options.Threads=-1`},
@@ -153,8 +157,8 @@ func TestREADMEListsVariables(t *testing.T) {
 	if _, _, err := resolveOptions(Options{}, 0, func(n string) (string, bool) { read = append(read, n); return "", false }); err != nil {
 		t.Fatal(err)
 	}
-	if len(read) != 5 {
-		t.Fatalf("%d variables read, want 5: %v", len(read), read)
+	if len(read) != 6 {
+		t.Fatalf("%d variables read, want 6: %v", len(read), read)
 	}
 	for _, n := range read {
 		if !strings.Contains(string(readme), "`"+n+"`") {

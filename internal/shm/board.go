@@ -32,6 +32,9 @@ import (
 // spin), then futex sleeps on the owner's word, which Post wakes when
 // someone announced a sleep; Close and MarkDead wake the sleepers.
 // The file is unlinked once every rank has mapped it, as pair files are.
+//
+// Where ranks outnumber CPUs, KeepHome makes Post keep its rank on a home
+// CPU, the ranks of the host spread evenly over their CPUs (spread.go).
 
 // Board layout: a header page (magic, ranks, slot bytes), then per rank a
 // control line (the futex word and the sleepers' count) and its two slots.
@@ -57,6 +60,7 @@ type Board struct {
 	dead   []atomic.Bool // per peer, this side's view
 	mu     sync.Mutex    // orders Close and MarkDead's wake-ups with Unmap
 	posted uint64        // Posts so far: the next one's slot is posted&1
+	sp     *spreader     // Post's home CPU (KeepHome); nil: none
 }
 
 // BoardBytes is the size of a board file of n ranks with slots of
@@ -102,6 +106,12 @@ func newBoard(mem []byte, n, rank, slot int) *Board {
 	return &Board{mem: mem, n: n, rank: rank, slot: slot, stride: boardCtrl + 2*slot, dead: make([]atomic.Bool, n)}
 }
 
+// KeepHome makes Post keep the posting thread on this rank's home CPU
+// (spread.go), until Close gives the threads it bound their affinity
+// back. Call it before the board is used, on a host with fewer CPUs than
+// ranks.
+func (b *Board) KeepHome() { b.sp = newSpreader(b.rank) }
+
 // SlotBytes is the size of a slot, stamp included.
 func (b *Board) SlotBytes() int { return b.slot }
 
@@ -143,6 +153,9 @@ func (b *Board) Post(stamp uint64) {
 	if b.sleepers(b.rank).Load() != 0 {
 		b.seq(b.rank).Add(1)
 		futexWake(b.seq(b.rank))
+	}
+	if b.sp != nil {
+		b.sp.check()
 	}
 }
 
@@ -221,6 +234,9 @@ func (b *Board) MarkDead(r int) {
 // called more than once, and after Unmap.
 func (b *Board) Close() {
 	b.closed.Store(true)
+	if b.sp != nil {
+		b.sp.restore()
+	}
 	for r := range b.n {
 		b.kick(r)
 	}

@@ -119,6 +119,10 @@ type Config struct {
 	// 50 µs, or never when more ranks share this host than it has CPUs:
 	// there, a rank that spins takes the core a peer needs to make progress.
 	PollSpin time.Duration
+	// BindRanks, where more ranks share this host than it has CPUs, keeps
+	// each rank's posting thread on a home CPU of its own, the ranks
+	// spread evenly (shm.Board.KeepHome).
+	BindRanks bool
 }
 
 // Transport values of Config.
@@ -317,6 +321,9 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 				}
 				if m.board != nil {
 					m.board.Yield = laneYield
+					if m.cfg.BindRanks {
+						m.board.KeepHome()
+					}
 				}
 			}
 			m.readers.Add(2)
