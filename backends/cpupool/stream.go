@@ -74,19 +74,27 @@ func streamClassOf(n int) int {
 // an op; cached copies are the usual way, and the tie is theirs.
 const streamMargin = 8
 
+// streamFirst is how many timed samples of each way the first choice of
+// a class waits for. Why more than one: the first ops of a size still
+// fault pages in and warm caches; with one sample each, a rank whose
+// second op took 226 µs against a steady 60 (cached) took streamed
+// copies at 130 for its next 30 ops while its peer kept cached copies
+// (docs/perf.md, issue 17, sixteenth pass).
+const streamFirst = 2
+
 // pick returns the class of an allreduce of n >= streamMin bytes and
-// whether its copies stream: two ops cached and two streamed, then the
-// cheaper way (streamed by more than streamMargin), and the other for two
-// ops in streamExplore.
+// whether its copies stream: cached until streamFirst of their ops are
+// timed, then streamed likewise, then the cheaper way (streamed by more
+// than streamMargin), and the other for two ops in streamExplore.
 func (c *streamChooser) pick(n int) (class int, stream bool) {
 	class = streamClassOf(n)
 	s := &c.cls[class]
 	i := s.ops
 	s.ops++
 	switch {
-	case s.seen[0] == 0:
+	case s.seen[0] < streamFirst:
 		return class, false
-	case s.seen[1] == 0:
+	case s.seen[1] < streamFirst:
 		return class, true
 	}
 	c0 := s.cost(0)

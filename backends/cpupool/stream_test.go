@@ -1,6 +1,7 @@
 package cpupool
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -42,12 +43,30 @@ func TestStreamChooser(t *testing.T) {
 		return slow
 	}
 	var c streamChooser
-	modes := runStream(&c, n, 4+10*streamExplore, streamFaster)
-	if modes[0] || modes[1] || !modes[2] || !modes[3] {
-		t.Fatalf("first four ops: streamed %v; want two cached, then two streamed", modes[:4])
+	modes := runStream(&c, n, 6+10*streamExplore, streamFaster)
+	// Each way until two of its ops are timed: the first op of a size,
+	// and the first after a change of way, are not.
+	if want := []bool{false, false, false, true, true, true}; !slices.Equal(modes[:6], want) {
+		t.Fatalf("first six ops: streamed %v; want %v", modes[:6], want)
 	}
-	if got, want := len(modes)-4-streamed(modes[4:]), 20; got != want {
-		t.Fatalf("cached %d of %d ops after the first four, want %d (two in %d)", got, len(modes)-4, want, streamExplore)
+	if got, want := len(modes)-6-streamed(modes[6:]), 20; got != want {
+		t.Fatalf("cached %d of %d ops after the first six, want %d (two in %d)", got, len(modes)-6, want, streamExplore)
+	}
+
+	// A slow second op (its pages still faulting in) does not make the
+	// first choice: cached copies, cheaper from then on, are kept.
+	var w streamChooser
+	modes = runStream(&w, n, 4*streamExplore, func(i int, s bool) time.Duration {
+		if i == 1 {
+			return 3 * slow
+		}
+		if s {
+			return slow
+		}
+		return fast
+	})
+	if got := streamed(modes[6:]); got > 8 {
+		t.Fatalf("with op 2 slow, %d of %d ops after the first six streamed, want only the tries", got, len(modes)-6)
 	}
 
 	// The phase changes: cached copies become the faster way. Within a
