@@ -174,12 +174,12 @@ type Options struct {
 	// the rank's home CPU, the ranks spread evenly over the CPUs the
 	// process may use (rank r on the (r mod n)-th), and gives the threads
 	// their old affinity back when the group is closed; "none" leaves
-	// placement to the kernel. Why:
-	// such ranks poll with sched_yield, so the kernel sees every one as
-	// busy and cache hot and may keep three of four on one of two CPUs
-	// for whole runs, where an 8 B allreduce takes half as long again. A
-	// thread already bound to fewer CPUs (by the user, taskset or another
-	// group) is left as it is. It changes speed only, never results.
+	// placement to the kernel. Why: such ranks poll with sched_yield, so
+	// the kernel sees every one as busy and cache hot, and it kept three
+	// of four on one of two CPUs for whole runs, where an 8 B allreduce
+	// took half as long again or more. A thread already bound to fewer
+	// CPUs (by the user, taskset or another group) is left as it is. It
+	// changes speed only, never results.
 	Bind string
 	// PollSpin is how long a receive from a shared-memory peer, and a Wait
 	// on a work, poll before they park (negative: never). Polling trades a

@@ -12,14 +12,14 @@ import (
 // Ranks that outnumber the CPUs poll with sched_yield, so each keeps its
 // CPU busy, and Linux's load balancer leaves a task where it is while it
 // counts as cache hot, which a polling rank always does. A 4-rank job on
-// 2 CPUs then sits for whole runs with three ranks on one CPU and one on
-// the other, and its 8 B allreduce takes 7-12 µs there against 5-6 µs
-// two and two; when this rank's threads were moved two and two by hand,
-// the kernel moved them back within milliseconds (docs/perf.md, issue
-// 17, sixteenth pass). So each rank keeps to a home CPU: the thread that
-// posts on the board is bound to allowed[rank % len(allowed)], where
-// allowed is the affinity the thread had when the board was mapped, and
-// Close gives every thread it bound its old affinity back.
+// 2 CPUs could then sit for whole runs with three ranks on one CPU and
+// one on the other, and its 8 B allreduce took 7-12 µs there against 5-6
+// µs two and two; when the ranks moved their threads two and two and let
+// them go again, the kernel moved them back within milliseconds
+// (docs/perf.md, issue 17, sixteenth pass). So each rank keeps to a home
+// CPU: the thread that posts on the board is bound to allowed[rank %
+// len(allowed)], where allowed is the affinity of the thread that called
+// KeepHome, and Close gives every thread it bound its old affinity back.
 //
 // A thread that is bound already (to fewer CPUs than allowed: by the
 // user, taskset, or another board of this process) is left alone, so two
@@ -32,7 +32,7 @@ const spreadEvery = 32
 
 // spreader is one rank's home-keeping state (Board.Post).
 type spreader struct {
-	mask  unix.CPUSet // the affinity when the board was mapped
+	mask  unix.CPUSet // the affinity of KeepHome's thread
 	count int         // CPUs in mask
 	home  int         // the CPU this rank keeps to; -1: none
 	quiet int         // posts before the next check

@@ -309,6 +309,12 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 			m.cfg.PollSpin = -1
 		}
 	}
+	if oversubscribed && m.board != nil {
+		m.board.Yield = laneYield
+		if m.cfg.BindRanks {
+			m.board.KeepHome()
+		}
+	}
 	for _, p := range m.peers {
 		if p == nil {
 			continue
@@ -318,12 +324,6 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 				p.pair.In.Spin, p.pair.Out.Spin = 0, 0 // sleep at once: yield the core
 				if p.lane != nil {
 					p.lane.In.Yield = laneYield
-				}
-				if m.board != nil {
-					m.board.Yield = laneYield
-					if m.cfg.BindRanks {
-						m.board.KeepHome()
-					}
 				}
 			}
 			m.readers.Add(2)
