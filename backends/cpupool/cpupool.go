@@ -186,7 +186,10 @@ type Options struct {
 	// little CPU for the goroutine wake-ups that dominate small-message
 	// latency. Default: 50 µs, or never when more ranks share this host
 	// than it has CPUs (a spinning rank would take a peer's core); the
-	// default depends on the mesh, so Backend.Options keeps it zero.
+	// default depends on the mesh, so Backend.Options keeps it zero. A
+	// lane op's waits start from it and adapt, up to 16 times it: one
+	// that slept and was woken soon after doubles the next waits' spin,
+	// one that slept longer sets it back (shm.SpinBudget).
 	PollSpin time.Duration
 }
 

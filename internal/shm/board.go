@@ -55,6 +55,9 @@ type Board struct {
 	// Yield is how long Await polls with sched_yield when spin <= 0,
 	// before it sleeps (Ring.Yield's role).
 	Yield time.Duration
+	// Budget, when not nil, is where Await takes its spin from when it is
+	// given one (spin > 0), and what it tells how its sleeps went.
+	Budget *SpinBudget
 
 	closed atomic.Bool
 	dead   []atomic.Bool // per peer, this side's view
@@ -167,16 +170,19 @@ func (b *Board) Post(stamp uint64) {
 // and has not posted want), ctx's error or check's.
 func (b *Board) Await(ctx context.Context, r int, want uint64, spin, slice time.Duration, check func() error) (int, uint64, error) {
 	s0, s1 := b.stamp(r, 0), b.stamp(r, 1)
-	p := pacer{spin: spin, yield: b.Yield}
+	p := newPacer(spin, b.Yield, b.Budget)
 	for i := 0; ; i++ {
 		dead := b.dead[r].Load()
 		a, c := s0.Load(), s1.Load()
 		switch {
 		case a == want:
+			p.ended()
 			return 0, 0, nil
 		case c == want:
+			p.ended()
 			return 1, 0, nil
 		case a > want || c > want:
+			p.ended()
 			// Read again: the two loads are not one, and the writer may
 			// have posted want into the slot read first and then a later
 			// message into the other. Once a later stamp is seen, want
@@ -217,6 +223,7 @@ func (b *Board) Await(ctx context.Context, r int, want uint64, spin, slice time.
 		// Announced before looking (a locked add), as Post stamps before
 		// it looks at the sleepers.
 		if a, c := s0.Load(), s1.Load(); a < want && c < want && !b.closed.Load() && !b.dead[r].Load() {
+			p.sleeping()
 			futexWait(sq, seq, max(d, time.Microsecond))
 		}
 		sl.Add(^uint32(0))

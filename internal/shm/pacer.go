@@ -11,7 +11,30 @@ import (
 // is for may need this CPU), after which the caller sleeps on its futex.
 type pacer struct {
 	spin, yield time.Duration
-	start       time.Time // the first clock reading; zero until taken
+	start       time.Time   // the first clock reading; zero until taken
+	budget      *SpinBudget // where spin came from; nil: a fixed spin
+	slept       bool        // the caller slept (sleeping)
+}
+
+// newPacer paces a wait: spin, or, when spin > 0 and budget is not nil,
+// budget's spin, which the wait's outcome then adjusts (ended).
+func newPacer(spin, yield time.Duration, budget *SpinBudget) pacer {
+	if spin <= 0 || budget == nil {
+		return pacer{spin: spin, yield: yield}
+	}
+	return pacer{spin: budget.Budget(), yield: yield, budget: budget}
+}
+
+// sleeping notes that the wait sleeps (its polling phase is over).
+func (p *pacer) sleeping() { p.slept = true }
+
+// ended tells the budget, if any, how a wait that got what it waited for
+// went: only one that slept says anything (the clock has started then,
+// as the polling phase ran out).
+func (p *pacer) ended() {
+	if p.slept && p.budget != nil {
+		p.budget.Slept(time.Since(p.start))
+	}
 }
 
 // poll is called after the wait's poll number i found nothing; it spins

@@ -123,6 +123,10 @@ type Ring struct {
 	// kernel runs next, at the cost of a system call per poll rather than
 	// a futex sleep and wake-up per message (Open MPI's yield_when_idle).
 	Yield time.Duration
+	// Budget, when not nil, is where the waits take their spin from
+	// when they are given one (spin > 0), and what they tell how their
+	// sleeps went.
+	Budget *SpinBudget
 	// Stream makes the writer's copies of ntMin bytes or more stream past
 	// its cache (non-temporal stores, copyNT), so that the reader fetches
 	// them from memory rather than from the writer's core. Which is
@@ -635,10 +639,11 @@ func (r *Ring) Await(ctx context.Context, n int, spin, slice time.Duration, chec
 // wake-up (a halted virtual CPU's, above all) costs more than the spin.
 func (r *Ring) AwaitYield(ctx context.Context, n int, spin, yield, slice time.Duration, check func() error) error {
 	need := uint64(n)
-	p := pacer{spin: spin, yield: yield}
+	p := newPacer(spin, yield, r.Budget)
 	for i := 0; ; i++ {
 		dead := r.dead.Load()
 		if r.tail.Load()-r.head.Load() >= need {
+			p.ended()
 			return nil
 		}
 		if r.closed.Load() {
@@ -666,6 +671,7 @@ func (r *Ring) AwaitYield(ctx context.Context, n int, spin, yield, slice time.Du
 		seq := r.dataSeq.Load()
 		// Announcing before checking (seq-cst) pairs with publish.
 		if r.tail.Load()-r.head.Load() < need && !r.closed.Load() && !r.dead.Load() {
+			p.sleeping()
 			futexWait(r.dataSeq, seq, max(d, time.Microsecond))
 		}
 		r.consWait.Store(0)

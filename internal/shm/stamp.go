@@ -93,12 +93,13 @@ func (r *Ring) Stamped() bool {
 func (r *Ring) AwaitStamped(ctx context.Context, spin, slice time.Duration, check func() error) error {
 	h := r.head.Load()
 	w, want := r.stampWord(h), r.stampOf(h)
-	p := pacer{spin: spin, yield: r.Yield}
+	p := newPacer(spin, r.Yield, r.Budget)
 	for i := 0; ; i++ {
 		// dead first: a frame written before the peer died is visible
 		// once its death is.
 		dead := r.dead.Load()
 		if w.Load() == want {
+			p.ended()
 			return nil
 		}
 		if r.closed.Load() {
@@ -127,6 +128,7 @@ func (r *Ring) AwaitStamped(ctx context.Context, spin, slice time.Duration, chec
 		// Announcing before checking (seq-cst) pairs with publish, which
 		// the writer calls after the stamp.
 		if w.Load() != want && !r.closed.Load() && !r.dead.Load() {
+			p.sleeping()
 			futexWait(r.dataSeq, seq, max(d, time.Microsecond))
 		}
 		r.consWait.Store(0)

@@ -118,6 +118,8 @@ type Config struct {
 	// the ring itself before it parks (negative: never). The default is
 	// 50 µs, or never when more ranks share this host than it has CPUs:
 	// there, a rank that spins takes the core a peer needs to make progress.
+	// The lane and board waits start from it and adapt, up to spinGrowth
+	// times it (shm.SpinBudget).
 	PollSpin time.Duration
 	// BindRanks, where more ranks share this host than it has CPUs, keeps
 	// each rank's posting thread on a home CPU of its own, the ranks
@@ -131,6 +133,13 @@ const (
 	TransportTCP  = "tcp"
 	TransportShm  = "shm"
 )
+
+// spinGrowth is how far the lane and board waits' spin may grow past
+// Config.PollSpin (shm.SpinBudget's ceiling): 800 µs from the default 50,
+// well past the 60-150 µs that a halted virtual CPU's wake-up took on the
+// dev machine, and short of a scheduler tick, past which a peer that has
+// not come is busy elsewhere.
+const spinGrowth = 16
 
 // Mesh is a coll.Transport over TCP. Its methods are safe for concurrent
 // use.
@@ -315,6 +324,13 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 			m.board.KeepHome()
 		}
 	}
+	var budget *shm.SpinBudget
+	if m.cfg.PollSpin > 0 {
+		budget = shm.NewSpinBudget(m.cfg.PollSpin, spinGrowth*m.cfg.PollSpin)
+		if m.board != nil {
+			m.board.Budget = budget
+		}
+	}
 	for _, p := range m.peers {
 		if p == nil {
 			continue
@@ -325,6 +341,9 @@ func Connect(ctx context.Context, cfg Config) (*Mesh, error) {
 				if p.lane != nil {
 					p.lane.In.Yield = laneYield
 				}
+			}
+			if p.lane != nil {
+				p.lane.In.Budget = budget
 			}
 			m.readers.Add(2)
 			go m.shmReadLoop(p)
