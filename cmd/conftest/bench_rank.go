@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
 	"strconv"
@@ -561,6 +562,15 @@ func benchRank(args []string) error {
 			*l = append(*l, t)
 		}
 	}
+	// The buffers just allocated (up to 2 × pairs × maxBytes: 256 MiB for
+	// a table up to 64 MiB) take the heap far past the collector's goal,
+	// and the collection that starts ran through the first size's timed
+	// loop: its mark workers and stops took the CPU from a spinning rank
+	// (2 ranks on 2 cores: 8 B at 1.6 µs against 0.9 without the large
+	// sizes; docs/perf.md, issue 17, eighteenth pass). Collect now, as C
+	// peers have no collector to wait for; the ops allocate next to
+	// nothing, so the goal this leaves is not reached again.
+	runtime.GC()
 	for _, op := range ops {
 		for _, b := range sizes {
 			count := opCount(op, b, n)
