@@ -178,8 +178,9 @@ func MonoTime(d time.Duration) time.Time { return monoEpoch.Add(d) }
 //
 // Its future lives in it, and its times are Mono readings (one clock read
 // each, where time.Now reads two clocks), so that a backend that embeds
-// it in its own per-op record (Init) pays no allocation and two cheap
-// clock reads for it per op.
+// it in its own per-op record (Init) pays no allocation and one cheap
+// clock read for it per op (the completion's), two when timed (the
+// start's too).
 type HostWork struct {
 	fut     Future
 	seq     uint64
@@ -232,11 +233,13 @@ func CompletedWork(seq uint64, outputs []*tensor.Tensor, err error) *HostWork {
 	return w
 }
 
-// MarkStarted records that a worker picked the op up.
+// MarkStarted records that a worker picked the op up, and when, if the
+// work is timed.
 func (w *HostWork) MarkStarted() {
 	// The load first: Complete calls this on a started work, and a
-	// failed CompareAndSwap is still a locked instruction.
-	if !w.started.Load() && w.started.CompareAndSwap(false, true) {
+	// failed CompareAndSwap is still a locked instruction. The start's
+	// clock read is for Duration alone: an untimed work saves it.
+	if !w.started.Load() && w.started.CompareAndSwap(false, true) && w.timing {
 		w.start.Store(int64(Mono()))
 	}
 }

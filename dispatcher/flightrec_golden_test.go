@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gocoll/gocoll/backend"
+	"github.com/gocoll/gocoll/backends/cpupool"
 	"github.com/gocoll/gocoll/internal/frtrace"
 	"github.com/gocoll/gocoll/internal/testgroup"
 	"github.com/gocoll/gocoll/store"
@@ -36,7 +37,9 @@ func TestFlightRecorderDumpGolden(t *testing.T) {
 	st := store.NewHashStore()
 	dir := t.TempDir()
 	pgs := testgroup.StartClosed(t, world, func(r int) (*ProcessGroup, error) {
+		// Timed, so that the dump has every field, duration_ms too.
 		return Init(context.Background(), Config{Backend: "cpupool", Store: st, Rank: r, WorldSize: world, Timeout: 20 * time.Second,
+			BackendOptions: map[string]any{cpupool.Name: &cpupool.Options{EnableTiming: true}},
 			FlightRecorder: FlightRecorderOptions{Entries: 64, DumpPrefix: filepath.Join(dir, "r"), NoDumpOnError: true}})
 	})
 	errs := make(chan error, world)

@@ -100,7 +100,7 @@ func (b *Backend) deferLane(ctx context.Context, op backend.Op, m backend.Meta, 
 		}
 		h.deadline = issued + m.Timeout
 	}
-	h.Init(m.Seq, true, h) // refs 0: no job (work.acquire fails)
+	h.Init(m.Seq, b.opts.EnableTiming, h) // refs 0: no job (work.acquire fails)
 	h.inRing.Store(true)
 	b.trackLocked(h)
 	r.n++

@@ -42,6 +42,7 @@ var (
 		Check: knob.OneOf(CopiesAuto, CopiesCached, CopiesStreamed)}
 	knobBind = knob.Knob[string]{Field: field("Bind"), Env: []string{EnvBind}, Default: BindAuto,
 		Check: knob.OneOf(BindAuto, BindNone)}
+	knobTiming     = knob.Knob[bool]{Field: field("EnableTiming"), Env: []string{EnvTiming}, Parse: knob.ParseBool}
 	knobSegment    = size("SegmentBytes", coll.DefaultSegment)
 	knobSmall      = size("SmallBytes", coll.DefaultSmall)
 	knobLane       = size("LaneBytes", 0) // 0: laneBytes picks by world size
@@ -90,6 +91,9 @@ func resolveOptions(o Options, groupTimeout time.Duration, env knob.Env) (Option
 	}
 	if err == nil {
 		o.Bind, err = knobBind.Resolve(env, o.Bind)
+	}
+	if err == nil {
+		o.EnableTiming, err = knobTiming.Resolve(env, o.EnableTiming)
 	}
 	if err == nil {
 		def := groupTimeout

@@ -46,6 +46,7 @@ func TestResolveOptions(t *testing.T) {
 		{"lane copies from env", Options{}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_LANE_COPIES": "streamed"}, defaults(func(o *Options) { o.LaneCopies = "streamed" }), iface{}},
 		{"lane copies field wins", Options{LaneCopies: "cached"}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_LANE_COPIES": "streamed"}, defaults(func(o *Options) { o.LaneCopies = "cached" }), iface{}},
 		{"bind from env", Options{}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_BIND": "none"}, defaults(func(o *Options) { o.Bind = "none" }), iface{}},
+		{"timing from env", Options{}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_ENABLE_TIMING": "1"}, defaults(func(o *Options) { o.EnableTiming = true }), iface{}},
 		{"bind field wins", Options{Bind: "auto"}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_BIND": "none"}, defaults(nil), iface{}},
 		{"transport field wins", Options{Transport: "shm"}, time.Minute, map[string]string{"GOCOLL_CPUPOOL_TRANSPORT": "tcp"}, defaults(func(o *Options) { o.Transport = "shm" }), iface{}},
 		{"sizes", Options{SegmentBytes: 4096, SmallBytes: 64, Window: 2, SocketBufferBytes: 1 << 16, MaxMessageBytes: 1 << 20, ShmRingBytes: 1 << 14}, time.Minute, nil,
@@ -129,7 +130,7 @@ func TestBadTransportFailsInit(t *testing.T) {
 // TestZeroOptionsInEffect: Options{} passed explicitly, and nil, run with
 // the defaults, which Backend.Options reports.
 func TestZeroOptionsInEffect(t *testing.T) {
-	for _, n := range []string{EnvThreads, EnvTransport, EnvLaneCopies, EnvSocketIfname, "GLOO_SOCKET_IFNAME"} {
+	for _, n := range []string{EnvThreads, EnvTransport, EnvLaneCopies, EnvBind, EnvTiming, EnvSocketIfname, "GLOO_SOCKET_IFNAME"} {
 		t.Setenv(n, "")
 	}
 	for _, o := range []any{nil, Options{}, &Options{}, (*Options)(nil)} {
@@ -157,8 +158,8 @@ func TestREADMEListsVariables(t *testing.T) {
 	if _, _, err := resolveOptions(Options{}, 0, func(n string) (string, bool) { read = append(read, n); return "", false }); err != nil {
 		t.Fatal(err)
 	}
-	if len(read) != 6 {
-		t.Fatalf("%d variables read, want 6: %v", len(read), read)
+	if len(read) != 7 {
+		t.Fatalf("%d variables read, want 7: %v", len(read), read)
 	}
 	for _, n := range read {
 		if !strings.Contains(string(readme), "`"+n+"`") {

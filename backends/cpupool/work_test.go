@@ -28,7 +28,9 @@ import (
 func TestWorkOutlivesItsJob(t *testing.T) {
 	ctx := context.Background()
 	const n, ops = 2, 600
-	bs := group(t, n, &cpupool.Options{Transport: "shm"})
+	// Timed, so that every Work reports its Duration (TestUntimedWork:
+	// the default).
+	bs := group(t, n, &cpupool.Options{Transport: "shm", EnableTiming: true})
 	type kept struct {
 		w backend.Work
 		x *tensor.Tensor
@@ -136,5 +138,40 @@ func TestWorkOutlivesItsJob(t *testing.T) {
 		t.Fatalf("%d bytes allocated per op on two ranks: jobs are not reused", per)
 	} else {
 		t.Logf("%d bytes allocated per op on two ranks", per)
+	}
+}
+
+// TestUntimedWork: by default a Work is not timed (Duration says so with
+// backend.ErrNoTiming, as nccl's and PyTorch's without ENABLE_TIMING),
+// yet it reports that it started; with EnableTiming its Duration is the
+// op's. Both the deferred small op, which its Wait runs, and a queued
+// larger one.
+func TestUntimedWork(t *testing.T) {
+	ctx := context.Background()
+	for _, timed := range []bool{false, true} {
+		bs := group(t, 2, &cpupool.Options{Transport: "shm", EnableTiming: timed})
+		each(t, bs, func(r int, b backend.Backend) error {
+			for k, n := range []int{2, 1 << 16} {
+				x := tensor.New(tensor.Float32, n)
+				w, err := b.Allreduce(ctx, backend.Meta{Seq: uint64(k + 1), Timeout: 20 * time.Second, Waited: k == 0}, []*tensor.Tensor{x}, backend.AllreduceOptions{})
+				if err != nil {
+					return err
+				}
+				if err := w.Wait(ctx); err != nil {
+					return err
+				}
+				if ok, err := w.IsStarted(); !ok || err != nil {
+					return fmt.Errorf("timing %v, %d floats: IsStarted %v, %v after Wait", timed, n, ok, err)
+				}
+				d, err := w.Duration()
+				switch {
+				case !timed && !errors.Is(err, backend.ErrNoTiming):
+					return fmt.Errorf("untimed, %d floats: Duration %v, %v; want ErrNoTiming", n, d, err)
+				case timed && (err != nil || d < 0):
+					return fmt.Errorf("timed, %d floats: Duration %v, %v", n, d, err)
+				}
+			}
+			return nil
+		})
 	}
 }
